@@ -1,0 +1,338 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMinBackoff   = 250 * time.Millisecond
+	DefaultMaxBackoff   = 30 * time.Second
+	DefaultPingInterval = 20 * time.Second
+)
+
+// clientPath is where the broker serves client WebSockets (DESIGN §4).
+const clientPath = "/ws/v1/client"
+
+// handshakeTimeout bounds dialling, hello and welcome together. The broker
+// itself waits 10 s for hello, so a handshake that takes longer is not going
+// to succeed.
+const handshakeTimeout = 10 * time.Second
+
+// Config says where an agent connects and what it offers.
+type Config struct {
+	// URL is the broker's base URL, such as "http://127.0.0.1:8420" or
+	// "wss://broker.example.com". The agent dials <URL>/ws/v1/client, with
+	// http mapped to ws and https to wss; a URL that already ends in
+	// /ws/v1/client is used as it is.
+	URL string
+	// Token is the client key. It travels in hello and is never logged.
+	Token string
+	// ClientID names this client to the broker. Keep it stable across
+	// restarts: a client that comes back with the same id keeps its leases.
+	ClientID string
+	// Name and Version describe the client in the broker's admin views.
+	Name, Version string
+	// Labels are matched by acquire requests that ask for them.
+	Labels map[string]string
+	// Flows is how many console flows the agent offers, reported as the
+	// contexts "flow-1" to "flow-N" with tab_id "1" to "N". Default 1.
+	Flows int
+	// Log receives the agent's logs; nil discards them.
+	Log *slog.Logger
+	// MinBackoff and MaxBackoff bound the jittered exponential delay between
+	// connection attempts. Defaults DefaultMinBackoff and DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// PingInterval is how often the agent sends a ping frame. A broker that
+	// sends nothing at all for three intervals is taken for gone, and the
+	// agent reconnects. Default DefaultPingInterval.
+	PingInterval time.Duration
+}
+
+// Session describes the connection the broker welcomed.
+type Session struct {
+	ID              string        // the broker's session id
+	UserID          string        // the user the client key belongs to
+	Heartbeat       time.Duration // how often the broker pings
+	MaxMessageBytes int64         // the largest frame the broker accepts
+}
+
+// Agent is one client of a broker. Create it with New, register handlers
+// with Handle, and call Run.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	flows map[string]*flow
+	order []*flow // the flows in report order, flow-1 first
+
+	handlersMu sync.RWMutex
+	handlers   map[string]Handler
+
+	running atomic.Bool // whether Run is active; it must not run twice at once
+
+	mu   sync.Mutex
+	sess *session        // the welcomed connection, nil while disconnected
+	up   chan struct{}   // closed while sess is set; see Connected
+	jobs map[string]*job // commands queued or running, by command id
+}
+
+// New returns an agent for cfg, with the defaults of Config applied. It
+// checks nothing; Run reports a bad configuration.
+func New(cfg Config) *Agent {
+	cfg.Flows = max(cfg.Flows, 1)
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	cfg.MaxBackoff = max(cfg.MaxBackoff, cfg.MinBackoff)
+	if cfg.PingInterval <= 0 {
+		cfg.PingInterval = DefaultPingInterval
+	}
+	// The agent reads the labels on every reconnect, so it keeps its own copy
+	// rather than racing with a caller that reuses the map.
+	cfg.Labels = maps.Clone(cfg.Labels)
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		cfg:      cfg,
+		log:      log.With("client_id", cfg.ClientID),
+		flows:    make(map[string]*flow, cfg.Flows),
+		handlers: make(map[string]Handler),
+		up:       make(chan struct{}),
+		jobs:     make(map[string]*job),
+	}
+	for i := 1; i <= cfg.Flows; i++ {
+		n := strconv.Itoa(i)
+		f := newFlow("flow-"+n, n)
+		a.flows[f.id] = f
+		a.order = append(a.order, f)
+	}
+	return a
+}
+
+// Handle registers h for commands named name, replacing any handler that
+// name had. It may be called while the agent runs.
+func (a *Agent) Handle(name string, h Handler) {
+	a.handlersMu.Lock()
+	defer a.handlersMu.Unlock()
+	a.handlers[name] = h
+}
+
+func (a *Agent) handler(name string) Handler {
+	a.handlersMu.RLock()
+	defer a.handlersMu.RUnlock()
+	return a.handlers[name]
+}
+
+// Connected returns a channel that is closed once the broker has welcomed
+// the agent and the agent has reported its contexts, that is, once commands
+// can arrive. While the agent is disconnected it returns a channel that the
+// next successful connection closes, so call it again after a reconnect.
+func (a *Agent) Connected() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.up
+}
+
+// Session returns the current connection's welcome, and false while the agent
+// is not connected.
+func (a *Agent) Session() (Session, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sess == nil {
+		return Session{}, false
+	}
+	w := a.sess.welcome
+	return Session{
+		ID:              w.SessionID,
+		UserID:          w.UserID,
+		Heartbeat:       time.Duration(w.HeartbeatS) * time.Second,
+		MaxMessageBytes: w.MaxMessageBytes,
+	}, true
+}
+
+// Run connects to the broker and serves commands until ctx ends, then
+// returns nil once every handler has returned. It reconnects whenever the
+// connection is lost, except when the broker closes it with 4401 (bad key),
+// 4403 (disconnected by an admin or key revoked) or 4409 (replaced by a newer
+// connection with the same client id): then it returns a *CloseError, since
+// retrying cannot help. A configuration the broker would refuse is reported
+// at once.
+func (a *Agent) Run(ctx context.Context) error {
+	target, err := clientURL(a.cfg.URL)
+	if err != nil {
+		return err
+	}
+	// Encoding runs the same checks the broker's decoder does, so a bad
+	// client id or label fails here, once, instead of on every attempt.
+	if _, err := protocol.Encode(a.hello()); err != nil {
+		return fmt.Errorf("agent: config: %w", err)
+	}
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("agent: run: already running")
+	}
+	defer a.running.Store(false)
+
+	// The workers outlive ctx a little: they stop only once the connection
+	// is closed, since the reader may still queue a command while the close
+	// handshake runs. Such a command's context has ended with ctx, so its
+	// worker just reports it cancelled.
+	quit := make(chan struct{})
+	var workers sync.WaitGroup
+	for _, f := range a.order {
+		workers.Go(func() { f.serve(quit, a.execute) })
+	}
+	err = a.connectLoop(ctx, target)
+	close(quit)
+	workers.Wait()
+	return err
+}
+
+// connectLoop keeps one connection up at a time until ctx ends or the broker
+// refuses the agent for good.
+func (a *Agent) connectLoop(ctx context.Context, target string) error {
+	b := &backoff{min: a.cfg.MinBackoff, max: a.cfg.MaxBackoff}
+	for {
+		err := a.connect(ctx, target, b.reset)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if ce, ok := errors.AsType[*CloseError](err); ok && ce.permanent() {
+			a.log.Error("agent: the broker refused the agent; not reconnecting", "err", err)
+			return err
+		}
+		d := b.next()
+		a.log.Warn("agent: connection lost; reconnecting", "err", err, "retry_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// connect runs one connection: handshake, state report, then serving until
+// the connection ends. welcomed is called once the broker has accepted the
+// agent, which is when the backoff starts over.
+func (a *Agent) connect(ctx context.Context, target string, welcomed func()) error {
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	s, err := dial(hctx, target, a.log)
+	if err != nil {
+		return err
+	}
+	defer s.conn.CloseNow()
+	if err := s.handshake(hctx, a.hello()); err != nil {
+		return err
+	}
+	welcomed()
+	a.log.Info("agent: connected", "session_id", s.welcome.SessionID, "user_id", s.welcome.UserID)
+	if err := s.write(hctx, a.state()); err != nil {
+		return err
+	}
+	// Only now may handlers write: a late message from a command of an
+	// earlier connection must not reach the broker before this
+	// connection's state report makes its context live again.
+	a.attach(s)
+	defer a.detach(s)
+	return s.serve(ctx, a)
+}
+
+func (a *Agent) hello() *protocol.Hello {
+	return &protocol.Hello{
+		Protocol:   protocol.ProtocolVersion,
+		Token:      a.cfg.Token,
+		ClientID:   a.cfg.ClientID,
+		ClientType: protocol.ClientConsole,
+		Name:       a.cfg.Name,
+		Version:    a.cfg.Version,
+		Labels:     a.cfg.Labels,
+		Capacity:   &protocol.Capacity{MaxContexts: len(a.order)},
+	}
+}
+
+func (a *Agent) state() *protocol.State {
+	st := &protocol.State{Contexts: make([]protocol.ContextReport, 0, len(a.order))}
+	for _, f := range a.order {
+		st.Contexts = append(st.Contexts, protocol.ContextReport{
+			ContextID: f.id,
+			TabID:     f.tabID,
+			Owner:     protocol.OwnerWorker,
+		})
+	}
+	return st
+}
+
+// attach makes s the connection handlers write to, and tells Connected's
+// waiters.
+func (a *Agent) attach(s *session) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sess = s
+	close(a.up)
+}
+
+// detach forgets s, so that messages sent until the next connection is up
+// are dropped rather than written to a dead socket.
+func (a *Agent) detach(s *session) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sess == s {
+		a.sess = nil
+		a.up = make(chan struct{})
+	}
+}
+
+// send writes f on the current connection, or returns ErrNotConnected.
+func (a *Agent) send(f protocol.Frame) error {
+	a.mu.Lock()
+	s := a.sess
+	a.mu.Unlock()
+	if s == nil {
+		return ErrNotConnected
+	}
+	return s.write(context.Background(), f)
+}
+
+// clientURL turns the configured broker URL into the WebSocket URL of the
+// client endpoint.
+func clientURL(base string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("agent: parse broker URL: %w", err)
+	}
+	switch u.Scheme {
+	case "http", "ws":
+		u.Scheme = "ws"
+	case "https", "wss":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("agent: broker URL %q: scheme must be http, https, ws or wss", base)
+	}
+	if u.Host == "" {
+		return "", fmt.Errorf("agent: broker URL %q has no host", base)
+	}
+	if !strings.HasSuffix(u.Path, clientPath) {
+		u.Path = strings.TrimSuffix(u.Path, "/") + clientPath
+		u.RawPath = ""
+	}
+	return u.String(), nil
+}

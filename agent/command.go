@@ -1,0 +1,451 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Error codes the agent puts in error frames. Handlers may use any code of
+// their own through CommandError.
+const (
+	CodeUnknownContext     = "unknown_context"      // the command names a context the agent does not offer
+	CodeUnknownCommandName = "unknown_command_name" // no handler is registered for the name
+	CodeInvalidParams      = "invalid_params"       // the params do not fit the command
+	CodeTimeout            = "timeout"              // the command's timeout_ms passed
+	CodeCancelled          = "cancelled"            // the broker cancelled the command, or the agent stopped
+	CodeFailed             = "failed"               // the handler returned an error that is not a *CommandError
+	CodeInternal           = "internal"             // the handler panicked
+	CodeResultTooLarge     = "result_too_large"     // the result does not fit in one frame
+	CodeNotAllowed         = "not_allowed"          // Exec: the program is not on the allowlist
+	CodeExecFailed         = "exec_failed"          // Exec: the program could not be started
+)
+
+// maxMessageLen caps the message of an error frame. Error texts can embed
+// whatever a program printed; the broker stores them in history and shows
+// them in resolutions, where a short text serves better.
+const maxMessageLen = 4096
+
+// Handler runs one command. The context ends when the command is cancelled,
+// when its timeout_ms passes, or when the agent stops; a handler should then
+// return promptly. The result is sent as the data of a result frame, encoded
+// with encoding/json (a json.RawMessage is sent byte for byte). An error is
+// sent as an error frame: return a *CommandError to choose its code.
+//
+// Handlers of one context run one at a time, so a handler may keep state
+// about its context without locking; handlers of different contexts run
+// concurrently.
+type Handler func(ctx context.Context, cmd *protocol.Command, out Output) (result any, err error)
+
+// Output sends a running command's intermediate messages. Its methods are
+// safe for concurrent use. They return ErrNotConnected when the agent is
+// between connections (the message is lost), an error wrapping ErrTooLarge
+// when the frame would exceed the broker's max_message_bytes (nothing was
+// sent; send less), and ErrCommandDone once the handler has returned.
+type Output interface {
+	// Progress sends a progress frame with data encoded as JSON.
+	Progress(data any) error
+	// Event sends a named event frame with data encoded as JSON.
+	Event(name string, data any) error
+	// Capture sends binary output, such as a screenshot, of the given MIME
+	// type.
+	Capture(mime string, b []byte) error
+}
+
+// CommandError is an error a handler returns to end its command with an
+// error frame carrying Code, Message and Data (encoded as JSON).
+type CommandError struct {
+	Code    string
+	Message string
+	Data    any
+}
+
+func (e *CommandError) Error() string {
+	if e.Message == "" {
+		return e.Code
+	}
+	return e.Code + ": " + e.Message
+}
+
+// ParseParams decodes the command's params into v. It is strict, because a
+// misspelt field silently ignored is a command that does something else
+// than asked: an unknown field or a value of the wrong kind is an error.
+// Absent params decode as an empty object. The error is a *CommandError
+// with code invalid_params, which a handler can return as it is.
+func ParseParams(cmd *protocol.Command, v any) error {
+	params := []byte(cmd.Params)
+	if len(params) == 0 {
+		params = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &CommandError{Code: CodeInvalidParams, Message: "params: " + err.Error()}
+	}
+	return nil
+}
+
+// Job states. A job moves from queued to running when its flow's worker
+// takes it, or from queued straight to done when it is cancelled first.
+const (
+	jobQueued int32 = iota
+	jobRunning
+	jobDone
+)
+
+// job is one accepted command.
+type job struct {
+	cmd     *protocol.Command
+	handler Handler
+	ctx     context.Context
+	release func() // frees the context's resources once the command ended
+	cancel  context.CancelCauseFunc
+	state   atomic.Int32
+}
+
+// timeoutError is the cause of a command context that hit timeout_ms.
+type timeoutError struct{ after time.Duration }
+
+func (e *timeoutError) Error() string { return fmt.Sprintf("command timed out after %s", e.after) }
+
+// cancelError is the cause of a command context the broker cancelled.
+type cancelError struct{ reason string }
+
+func (e *cancelError) Error() string {
+	if e.reason == "" {
+		return "command cancelled by the broker"
+	}
+	return "command cancelled by the broker: " + e.reason
+}
+
+// panicError reports a handler that panicked.
+type panicError struct{ value any }
+
+func (e *panicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.value) }
+
+// flow is one console context and its FIFO of commands. One worker per flow
+// runs its commands one at a time, which is what DESIGN §2.7 asks of a
+// client; the queue is unbounded so that the reader, which must never block,
+// can always hand a command over.
+type flow struct {
+	id, tabID string
+	mu        sync.Mutex
+	queue     []*job
+	wake      chan struct{} // holds one token when the queue may be non-empty
+}
+
+func newFlow(id, tabID string) *flow {
+	return &flow{id: id, tabID: tabID, wake: make(chan struct{}, 1)}
+}
+
+func (f *flow) push(j *job) {
+	f.mu.Lock()
+	f.queue = append(f.queue, j)
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+func (f *flow) pop() *job {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.queue) == 0 {
+		return nil
+	}
+	j := f.queue[0]
+	f.queue[0] = nil
+	f.queue = f.queue[1:]
+	return j
+}
+
+// serve runs the flow's commands until quit is closed, which Run does once
+// nothing can queue commands any more. The commands still queued then have
+// contexts that ended with Run's, so running them only reports them
+// cancelled and releases them.
+func (f *flow) serve(quit <-chan struct{}, run func(*job)) {
+	for {
+		if j := f.pop(); j != nil {
+			run(j)
+			continue
+		}
+		select {
+		case <-f.wake:
+		case <-quit:
+			for j := f.pop(); j != nil; j = f.pop() {
+				run(j)
+			}
+			return
+		}
+	}
+}
+
+// onCommand accepts a command from the broker. It runs on the reading
+// goroutine, so it only acknowledges, checks and queues; handlers run on the
+// flows' workers.
+func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command) {
+	log := s.log.With("command_id", cmd.CommandID, "command", cmd.Name, "context_id", cmd.ContextID)
+	if err := s.write(context.Background(), &protocol.Ack{CommandID: cmd.CommandID}); err != nil {
+		log.Warn("agent: ack failed", "err", err)
+	}
+	f := a.flows[cmd.ContextID]
+	if f == nil {
+		a.reject(log, cmd, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
+		return
+	}
+	h := a.handler(cmd.Name)
+	if h == nil {
+		a.reject(log, cmd, CodeUnknownCommandName, fmt.Sprintf("this agent has no command %q", cmd.Name))
+		return
+	}
+	j := newJob(ctx, cmd, h)
+	a.mu.Lock()
+	_, dup := a.jobs[cmd.CommandID]
+	if !dup {
+		a.jobs[cmd.CommandID] = j
+	}
+	a.mu.Unlock()
+	if dup {
+		// The broker dispatches a command once; a repeat is a broker bug, and
+		// running the command twice would be worse than ignoring it.
+		log.Warn("agent: ignoring a repeated command id")
+		j.release()
+		return
+	}
+	log.Debug("agent: command queued")
+	f.push(j)
+}
+
+func newJob(ctx context.Context, cmd *protocol.Command, h Handler) *job {
+	ctx, cancel := context.WithCancelCause(ctx)
+	j := &job{cmd: cmd, handler: h, ctx: ctx, cancel: cancel, release: func() { cancel(nil) }}
+	if cmd.TimeoutMS > 0 {
+		// The deadline counts from arrival, not from the start of the
+		// handler: the caller's wait began even earlier, and a command that
+		// waited its whole timeout in the queue is no longer wanted.
+		d := time.Duration(cmd.TimeoutMS) * time.Millisecond
+		var stop context.CancelFunc
+		j.ctx, stop = context.WithTimeoutCause(ctx, d, &timeoutError{after: d})
+		j.release = func() { stop(); cancel(nil) }
+	}
+	return j
+}
+
+// reject ends a command the agent cannot run.
+func (a *Agent) reject(log *slog.Logger, cmd *protocol.Command, code, msg string) {
+	log.Warn("agent: rejecting a command", "code", code)
+	if cmd.ResponseMode == protocol.ResponseNone {
+		return
+	}
+	a.sendTerminal(cmd, &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg})
+}
+
+// onCancel cancels a command's context. A command still queued is answered
+// at once, without waiting for the commands ahead of it; a running one is
+// answered when its handler returns.
+func (a *Agent) onCancel(c *protocol.Cancel) {
+	a.mu.Lock()
+	j := a.jobs[c.CommandID]
+	a.mu.Unlock()
+	if j == nil {
+		a.log.Debug("agent: cancel for a command that is not running", "command_id", c.CommandID)
+		return
+	}
+	j.cancel(&cancelError{reason: c.Reason})
+	if j.state.CompareAndSwap(jobQueued, jobDone) {
+		a.finish(j, nil, context.Cause(j.ctx))
+	}
+}
+
+// execute runs a job on its flow's worker.
+func (a *Agent) execute(j *job) {
+	if !j.state.CompareAndSwap(jobQueued, jobRunning) {
+		return // cancelled while queued, and already answered
+	}
+	if err := j.ctx.Err(); err != nil {
+		// Timed out in the queue, or the agent is stopping: do not start.
+		a.finish(j, nil, err)
+		return
+	}
+	result, err := a.call(j)
+	a.finish(j, result, err)
+}
+
+// call runs the handler, turning a panic into an error so that one bad
+// command cannot take the agent and every other command down with it.
+func (a *Agent) call(j *job) (result any, err error) {
+	out := &output{a: a, id: j.cmd.CommandID}
+	defer out.done.Store(true)
+	defer func() {
+		if v := recover(); v != nil {
+			a.log.Error("agent: handler panicked", "command_id", j.cmd.CommandID,
+				"command", j.cmd.Name, "panic", v, "stack", string(debug.Stack()))
+			result, err = nil, &panicError{value: v}
+		}
+	}()
+	return j.handler(j.ctx, j.cmd, out)
+}
+
+// finish sends the command's terminal message, unless its response mode
+// asks for none, and forgets the command.
+func (a *Agent) finish(j *job, result any, err error) {
+	a.mu.Lock()
+	delete(a.jobs, j.cmd.CommandID)
+	a.mu.Unlock()
+	f := terminal(j, result, err)
+	j.release()
+	if e, ok := f.(*protocol.Error); ok {
+		a.log.Info("agent: command failed", "command_id", j.cmd.CommandID, "command", j.cmd.Name,
+			"code", e.Code, "message", e.Message)
+	}
+	if j.cmd.ResponseMode == protocol.ResponseNone {
+		return
+	}
+	a.sendTerminal(j.cmd, f)
+}
+
+// sendTerminal sends a result or error frame. A result too large for the
+// broker is replaced by an error saying so, and an error whose data is too
+// large is sent without its data, so that the command still ends.
+func (a *Agent) sendTerminal(cmd *protocol.Command, f protocol.Frame) {
+	err := a.send(f)
+	if errors.Is(err, ErrTooLarge) {
+		switch f := f.(type) {
+		case *protocol.Result:
+			err = a.send(&protocol.Error{CommandID: cmd.CommandID, Code: CodeResultTooLarge,
+				Message: "the result exceeds the broker's max_message_bytes"})
+		case *protocol.Error:
+			err = a.send(&protocol.Error{CommandID: cmd.CommandID, Code: f.Code,
+				Message: clip(f.Message, 1024)})
+		}
+	}
+	if err != nil {
+		a.log.Warn("agent: terminal message not sent", "command_id", cmd.CommandID, "err", err)
+	}
+}
+
+// terminal builds the frame that ends j.
+func terminal(j *job, result any, err error) protocol.Frame {
+	id := j.cmd.CommandID
+	if err == nil {
+		data, err := marshalData(result)
+		if err != nil {
+			return &protocol.Error{CommandID: id, Code: CodeFailed, Message: "encode result: " + err.Error()}
+		}
+		return &protocol.Result{CommandID: id, Data: data}
+	}
+	e := &protocol.Error{CommandID: id, Code: CodeFailed}
+	pe, panicked := errors.AsType[*panicError](err)
+	ce, isCommandError := errors.AsType[*CommandError](err)
+	switch {
+	case panicked:
+		e.Code, e.Message = CodeInternal, pe.Error()
+	case j.ctx.Err() != nil:
+		// When the command's context ended, the handler's error is most
+		// likely a consequence of that (a killed process, a cancelled
+		// request), so the reason the context ended is the better answer.
+		e.Code, e.Message = contextCode(j.ctx)
+	case isCommandError:
+		if ce.Code != "" {
+			e.Code = protocol.ErrorCode(ce.Code)
+		}
+		e.Message = ce.Message
+		data, err := marshalData(ce.Data)
+		if err != nil {
+			e.Message += " (error data not sent: " + err.Error() + ")"
+		}
+		e.Data = data
+	default:
+		e.Message = err.Error()
+	}
+	e.Message = clip(e.Message, maxMessageLen)
+	return e
+}
+
+// contextCode says why a command's context ended.
+func contextCode(ctx context.Context) (protocol.ErrorCode, string) {
+	cause := context.Cause(ctx)
+	if _, ok := errors.AsType[*timeoutError](cause); ok {
+		return CodeTimeout, cause.Error()
+	}
+	if _, ok := errors.AsType[*cancelError](cause); ok {
+		return CodeCancelled, cause.Error()
+	}
+	return CodeCancelled, "the agent is stopping"
+}
+
+// output is the Output of one command.
+type output struct {
+	a    *Agent
+	id   string
+	done atomic.Bool
+}
+
+func (o *output) Progress(data any) error {
+	raw, err := marshalData(data)
+	if err != nil {
+		return fmt.Errorf("agent: progress: %w", err)
+	}
+	return o.send(&protocol.Progress{CommandID: o.id, Data: raw})
+}
+
+func (o *output) Event(name string, data any) error {
+	raw, err := marshalData(data)
+	if err != nil {
+		return fmt.Errorf("agent: event %q: %w", name, err)
+	}
+	return o.send(&protocol.Event{CommandID: o.id, Name: name, Data: raw})
+}
+
+func (o *output) Capture(mime string, b []byte) error {
+	return o.send(protocol.NewCapture(o.id, mime, b))
+}
+
+func (o *output) send(f protocol.Frame) error {
+	if o.done.Load() {
+		return ErrCommandDone
+	}
+	return o.a.send(f)
+}
+
+// marshalData encodes a value for a frame's data field. nil means no data,
+// and a json.RawMessage is passed through byte for byte, as the protocol
+// passes the broker's and the caller's bytes through.
+func marshalData(v any) (json.RawMessage, error) {
+	switch v := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(v) > 0 && !json.Valid(v) {
+			return nil, errors.New("json.RawMessage is not valid JSON")
+		}
+		return v, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode data: %w", err)
+	}
+	return b, nil
+}
+
+// clip shortens s to at most n bytes, on a character boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

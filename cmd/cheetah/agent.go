@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/cheetahbroker/cheetah/agent"
+)
+
+type agentCmd struct {
+	URL      string            `default:"http://127.0.0.1:8420" help:"The broker's address."`
+	Key      string            `help:"A client key (or CHEETAH_KEY)."`
+	ClientID string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
+	Name     string            `help:"A name shown to operators; default: the hostname."`
+	Flows    int               `default:"1" help:"How many console flows (contexts) to offer."`
+	Allow    []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
+	Labels   map[string]string `help:"Labels for placement, as key=value;…"`
+	LogLevel string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+}
+
+func (c *agentCmd) Run() error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	if c.Key == "" {
+		return fmt.Errorf("a client key is required: --key or CHEETAH_KEY")
+	}
+	if c.Flows < 1 || c.Flows > 256 {
+		return fmt.Errorf("--flows must be from 1 to 256")
+	}
+	// Programs that exec runs inherit the agent's environment: the key must
+	// not be there for an allowed program to print back.
+	os.Unsetenv("CHEETAH_KEY")
+	host, _ := os.Hostname()
+	if c.ClientID == "" {
+		c.ClientID = "console-" + host
+	}
+	if c.Name == "" {
+		c.Name = host
+	}
+	a := agent.New(agent.Config{
+		URL: c.URL, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
+		Labels: c.Labels, Flows: c.Flows, Log: log,
+	})
+	a.Handle("echo", agent.Echo())
+	a.Handle("exec", agent.Exec(c.Allow))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log.Info("agent starting", "url", c.URL, "client_id", c.ClientID, "flows", c.Flows, "allow", c.Allow)
+	return a.Run(ctx)
+}

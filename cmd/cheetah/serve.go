@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/server"
+)
+
+type serveCmd struct {
+	Listen           string        `default:"127.0.0.1:8420" help:"Address to listen on."`
+	DatabaseURL      string        `name:"database-url" help:"postgres://… for PostgreSQL; empty for an embedded SQLite file in --data-dir."`
+	DataDir          string        `default:"./cheetah-data" help:"Folder of the embedded SQLite store."`
+	DefaultTTL       time.Duration `name:"default-ttl" default:"300s" help:"Lease TTL when an acquire names none (1s to 1h)."`
+	ReconnectGrace   time.Duration `default:"30s" help:"How long a disconnected client's leases survive."`
+	HistoryRetention time.Duration `default:"720h" help:"How long finished commands are kept; 0 keeps them forever."`
+	MaxMessageBytes  int           `default:"4194304" help:"Largest WebSocket frame, in bytes."`
+	Heartbeat        time.Duration `default:"20s" help:"How often the broker pings clients; three silent intervals close one."`
+	ShutdownTimeout  time.Duration `default:"15s" help:"How long shutdown waits for connections to close."`
+	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
+}
+
+func (c *serveCmd) Run() error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	if c.DefaultTTL < time.Second || c.DefaultTTL > time.Hour {
+		return fmt.Errorf("--default-ttl must be from 1s to 1h")
+	}
+	if c.MaxMessageBytes < 1024 {
+		return fmt.Errorf("--max-message-bytes must be at least 1024")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b, err := server.Open(ctx, server.Options{
+		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
+		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+		defer cancel()
+		if err := b.Close(cctx); err != nil {
+			log.Warn("close", "err", err)
+		}
+	}()
+	secret, err := b.Keys.EnsureAdmin(ctx)
+	if err != nil {
+		return err
+	}
+	if secret != "" {
+		// Shown once, on the terminal, never through the logger.
+		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go retention(ctx, b.Store, c.HistoryRetention, log)
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	stop() // a second signal now ends the process at once
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	defer cancel()
+	if err := b.Server.Shutdown(sctx); err != nil {
+		log.Warn("clients did not close in time", "err", err)
+	}
+	if err := httpSrv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("http shutdown", "err", err)
+	}
+	return nil
+}
+
+// retention deletes finished commands older than keep, hourly.
+func retention(ctx context.Context, store *history.Store, keep time.Duration, log *slog.Logger) {
+	if keep <= 0 {
+		return
+	}
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		n, err := store.PurgeBefore(ctx, time.Now().Add(-keep))
+		if err != nil && ctx.Err() == nil {
+			log.Warn("history retention", "err", err)
+		} else if n > 0 {
+			log.Info("history retention removed commands", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package registry
+
+import (
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// ClientInfo is what a client said in its hello, with the identity its key
+// proved.
+type ClientInfo struct {
+	UserID    string
+	ClientID  string
+	Type      cheetah.ClientType
+	Name      string
+	Version   string
+	Labels    map[string]string
+	KeyID     string
+	SessionID string
+}
+
+// Attachment is one connection's hold on its client. The session passes it
+// back with everything the client sends, so that a replaced connection can
+// no longer act for the client.
+type Attachment struct {
+	c    *client
+	conn Conn
+}
+
+// Connect attaches conn as client info.ClientID of info.UserID. A connection
+// already attached for that client is closed with 4409 and its commands end
+// disconnected. The client's contexts stay not live until its first state
+// report; its leases survive the reconnect grace.
+func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.poolFor(info.UserID)
+	c := p.clients[info.ClientID]
+	if c == nil {
+		c = &client{pool: p, id: info.ClientID, contexts: map[string]*wctx{}}
+		p.clients[info.ClientID] = c
+	} else if c.conn != nil {
+		old := c.conn
+		r.detach(c)
+		old.Close(protocol.CloseReplaced, "replaced by a newer connection with the same client_id")
+	}
+	if c.typ != "" && c.typ != info.Type {
+		// A client id that changes type is another client: start afresh.
+		r.dropContexts(c)
+	}
+	c.typ, c.name, c.version, c.labels = info.Type, info.Name, info.Version, info.Labels
+	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
+	c.reported = false
+	c.connectedAt = r.clock.Now()
+	// The grace keeps running until the first state report, so a client that
+	// says hello and never reports does not hold its leases forever.
+	if c.grace == nil && len(c.contexts) > 0 {
+		r.startGrace(c)
+	}
+	return &Attachment{c: c, conn: conn}
+}
+
+// current reports whether a still holds its client; r.mu is held.
+func (a *Attachment) current() bool { return a.c.conn == a.conn && a.conn != nil }
+
+// Report applies a full state report: listed contexts are live (and created
+// when new); every other context of the client is gone.
+func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !a.current() {
+		return
+	}
+	c := a.c
+	if c.grace != nil {
+		c.grace.Stop()
+		c.grace = nil
+	}
+	c.reported = true
+	seen := make(map[string]bool, len(contexts))
+	for _, rep := range contexts {
+		seen[rep.ContextID] = true
+		w := c.contexts[rep.ContextID]
+		if w == nil {
+			w = &wctx{client: c, id: rep.ContextID}
+			c.contexts[rep.ContextID] = w
+		}
+		w.tabID, w.url, w.title, w.labels = rep.TabID, rep.URL, rep.Title, rep.Labels
+		w.owner = cheetah.Owner(rep.Owner)
+		w.live = true
+		r.refreshIdle(w)
+		r.flushQueue(w)
+	}
+	for id, w := range c.contexts {
+		if !seen[id] {
+			r.dropContext(w)
+		}
+	}
+}
+
+// Disconnect marks the connection gone: its client's contexts stop being
+// live, commands dispatched to it end disconnected, and the reconnect grace
+// starts. A connection already replaced changes nothing.
+func (r *Registry) Disconnect(a *Attachment) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !a.current() {
+		return
+	}
+	c := a.c
+	r.detach(c)
+	if len(c.contexts) == 0 {
+		r.forgetClient(c)
+		return
+	}
+	if c.grace == nil {
+		r.startGrace(c)
+	}
+}
+
+// detach takes c's connection away; r.mu is held.
+func (r *Registry) detach(c *client) {
+	conn := c.conn
+	c.conn = nil
+	c.reported = false
+	for _, w := range c.contexts {
+		w.live = false
+		r.refreshIdle(w)
+	}
+	for _, cmd := range r.commands {
+		if cmd.conn == conn && cmd.dispatched {
+			r.finish(cmd, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client's connection dropped"})
+		}
+	}
+	for _, w := range c.contexts {
+		r.flushQueue(w)
+	}
+}
+
+func (r *Registry) startGrace(c *client) {
+	c.grace = r.clock.AfterFunc(r.cfg.ReconnectGrace, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if c.grace == nil || c.reported {
+			return
+		}
+		c.grace = nil
+		// Whether still away or connected without a report, the client did
+		// not come back with its contexts in time: they are gone.
+		r.dropContexts(c)
+		if c.conn == nil {
+			r.forgetClient(c)
+		}
+	})
+}
+
+// dropContexts removes every context of c; r.mu is held.
+func (r *Registry) dropContexts(c *client) {
+	for _, w := range c.contexts {
+		r.dropContext(w)
+	}
+}
+
+// dropContext removes a context that is gone: its lease ends context_gone
+// and its undispatched commands end disconnected; r.mu is held.
+func (r *Registry) dropContext(w *wctx) {
+	w.live = false
+	if w.lease != nil {
+		r.endLease(w.lease, cheetah.LostContextGone)
+	}
+	r.refreshIdle(w)
+	delete(w.client.contexts, w.id)
+	r.flushQueue(w)
+}
+
+// forgetClient removes a client with no connection and no contexts.
+func (r *Registry) forgetClient(c *client) {
+	if c.grace != nil {
+		c.grace.Stop()
+		c.grace = nil
+	}
+	p := c.pool
+	if p.clients[c.id] == c {
+		delete(p.clients, c.id)
+	}
+	r.dropPoolIfEmpty(p)
+}
+
+// DisconnectKey closes every connection authenticated by keyID with code
+// (4403 when a key is revoked) and returns how many it closed.
+func (r *Registry) DisconnectKey(keyID string, code protocol.CloseCode, reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, p := range r.users {
+		for _, c := range p.clients {
+			if c.conn != nil && c.keyID == keyID {
+				c.conn.Close(code, reason)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// DisconnectClient closes a client's connection with code and reports
+// whether it was connected.
+func (r *Registry) DisconnectClient(userID, clientID string, code protocol.CloseCode, reason string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.users[userID]
+	if p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
+		return false
+	}
+	p.clients[clientID].conn.Close(code, reason)
+	return true
+}

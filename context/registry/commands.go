@@ -1,0 +1,372 @@
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jonboulle/clockwork"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// command is a command admitted and not yet ended.
+type command struct {
+	rec    cheetah.CommandRecord
+	frame  *protocol.Command
+	ctx    *wctx
+	lease  *lease
+	conn   Conn // the connection it was dispatched to
+	user   string
+	client string
+
+	durable    bool
+	dispatched bool
+	acked      bool
+	// preserving is set while a waiting caller holds the lease through this
+	// command (invariant 5).
+	preserving bool
+	timer      clockwork.Timer
+	// resolved receives the resolution once the terminal status is durable.
+	resolved chan cheetah.Resolution
+	// notice, when set, makes this queue entry a frame about the context
+	// (an assignment change) rather than a command. It waits its turn
+	// behind commands not yet dispatched, so the client sees commands and
+	// assignment changes in the order they happened.
+	notice protocol.Frame
+}
+
+// finishedCommand is what the registry remembers of a command that ended or
+// that nobody tracks any more (response mode none), to place late messages.
+type finishedCommand struct {
+	user, client string
+	status       cheetah.Status
+	mode         cheetah.ResponseMode
+}
+
+// Send admits cmd through handle h and returns once its record is durable.
+// Nobody waits for the terminal message.
+func (r *Registry) Send(ctx context.Context, h cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Sent, error) {
+	if so.ResponseMode == "" || so.ResponseMode == cheetah.ModeRPC {
+		// Nobody waits on a plain send, so rpc would promise a waiter that
+		// does not exist.
+		so.ResponseMode = cheetah.ModeAsync
+	}
+	c, err := r.admit(ctx, h, cmd, so, false)
+	if err != nil {
+		return cheetah.Sent{}, err
+	}
+	return cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID}, nil
+}
+
+// SendAndWait admits cmd and waits for its resolution. While it waits, the
+// lease cannot expire; when ctx ends first, the command ends cancelled, the
+// client is told, and the lease keeps nothing of the wait.
+func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Resolution, error) {
+	if so.ResponseMode == "" {
+		so.ResponseMode = cheetah.ModeRPC
+	}
+	if so.ResponseMode == cheetah.ModeNone {
+		return cheetah.Resolution{}, cheetah.Invalidf("response_mode none has no terminal message to wait for")
+	}
+	c, err := r.admit(ctx, h, cmd, so, true)
+	if err != nil {
+		return cheetah.Resolution{}, err
+	}
+	select {
+	case res := <-c.resolved:
+		return res, nil
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	r.unpreserve(c, false)
+	if r.commands[c.rec.CommandID] == c {
+		if c.dispatched {
+			c.conn.Send(&protocol.Cancel{CommandID: c.rec.CommandID, Reason: "caller cancelled"})
+		}
+		r.finish(c, cheetah.StatusCancelled, &cheetah.ErrorInfo{Code: "cancelled", Message: "the caller went away"})
+	}
+	r.mu.Unlock()
+	// The caller is gone; the resolution is still made durable and then
+	// dropped. Report what the caller's context said.
+	return cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusCancelled,
+		Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}, ctx.Err()
+}
+
+// prepare validates cmd and builds its frame and record outside the lock.
+func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*command, error) {
+	if cmd.Name == "" || len(cmd.Name) > MaxNameLen {
+		return nil, cheetah.Invalidf("name must be 1 to %d bytes", MaxNameLen)
+	}
+	if !so.ResponseMode.Valid() {
+		return nil, cheetah.Invalidf("response_mode %q is not rpc, async or none", so.ResponseMode)
+	}
+	timeout := so.Timeout
+	switch {
+	case timeout == 0:
+		timeout = r.cfg.DefaultCommandTimeout
+	case timeout < time.Millisecond || timeout > MaxCommandTimeout:
+		return nil, cheetah.Invalidf("timeout_ms must be from 1 to %d", MaxCommandTimeout.Milliseconds())
+	}
+	var params json.RawMessage
+	switch p := cmd.Params.(type) {
+	case nil:
+	case json.RawMessage:
+		params = p
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, cheetah.Invalidf("params: %v", err)
+		}
+		params = b
+	}
+	if params != nil && !json.Valid(params) {
+		return nil, cheetah.Invalidf("params is not valid JSON")
+	}
+	if err := objectOrNull("target", so.Target); err != nil {
+		return nil, err
+	}
+	if err := objectOrNull("options", so.Options); err != nil {
+		return nil, err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("registry: command id: %w", err)
+	}
+	traceID, spanID := newTraceIDs()
+	f := &protocol.Command{
+		CommandID: id.String(), Name: cmd.Name, Params: params, Target: so.Target,
+		ResponseMode: protocol.ResponseMode(so.ResponseMode), TimeoutMS: timeout.Milliseconds(),
+		Options: so.Options, Traceparent: "00-" + traceID + "-" + spanID + "-01",
+	}
+	// A frame the client would refuse as too large is refused here, before
+	// anything is recorded. The context, task and epoch are not known yet,
+	// so the check sizes them at their longest.
+	probe := *f
+	probe.ContextID, probe.TaskID, probe.Epoch = strings.Repeat("x", 128), strings.Repeat("x", MaxTaskIDLen), math.MaxInt64
+	if b, err := protocol.Encode(&probe); err != nil {
+		return nil, cheetah.Invalidf("command: %v", err)
+	} else if len(b) > r.cfg.MaxMessageBytes {
+		return nil, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the command frame would exceed %d bytes", r.cfg.MaxMessageBytes)}
+	}
+	return &command{
+		frame: f,
+		rec: cheetah.CommandRecord{
+			CommandID: f.CommandID, Name: cmd.Name, Params: params, Target: so.Target,
+			Options: so.Options, ResponseMode: so.ResponseMode, Status: cheetah.StatusAdmitted,
+			TraceID: traceID,
+		},
+	}, nil
+}
+
+func objectOrNull(field string, v json.RawMessage) error {
+	if len(v) == 0 {
+		return nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(v, &m); err != nil {
+		return cheetah.Invalidf("%s must be a JSON object", field)
+	}
+	return nil
+}
+
+// admit checks ownership and takes the command's place in its context's
+// FIFO in one step under the lock, records it durably, then dispatches the
+// durable prefix of the FIFO.
+func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions, wait bool) (*command, error) {
+	c, err := r.prepare(cmd, so)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	l, err := r.check(h)
+	if err != nil {
+		r.mu.Unlock()
+		return nil, err
+	}
+	w := l.ctx
+	now := r.clock.Now()
+	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
+	c.frame.ContextID, c.frame.TaskID, c.frame.Epoch = w.id, l.taskID, l.epoch
+	if len(c.frame.Target) == 0 {
+		// The context's default tab, only when the sender named no target.
+		c.frame.Target, _ = json.Marshal(map[string]string{"tab_id": w.tabID})
+		c.rec.Target = c.frame.Target
+	}
+	c.rec.UserID, c.rec.ClientID, c.rec.ContextID = c.user, c.client, w.id
+	c.rec.TaskID, c.rec.Epoch, c.rec.CreatedAt = l.taskID, l.epoch, now.UTC()
+	if c.rec.ResponseMode != cheetah.ModeNone {
+		c.resolved = make(chan cheetah.Resolution, 1)
+	}
+	if wait {
+		c.preserving = true
+		l.preserve++
+		if l.heapIndex >= 0 {
+			heapRemove(r, l)
+		}
+	}
+	if l.renewOnUse {
+		r.extend(l, now)
+	}
+	w.queue = append(w.queue, c)
+	r.commands[c.rec.CommandID] = c
+	rec := c.rec
+	r.mu.Unlock()
+
+	// The record is written whatever the caller does meanwhile: once
+	// admitted, a command is either durable and dispatched or fully undone.
+	werr := r.store.Write(context.WithoutCancel(ctx), history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL})
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if werr != nil {
+		r.unpreserve(c, false)
+		r.removeQueued(c)
+		delete(r.commands, c.rec.CommandID)
+		r.flushQueue(c.ctx)
+		return nil, cheetah.StoreUnavailable("registry: record command", werr)
+	}
+	c.durable = true
+	r.flushQueue(c.ctx)
+	return c, nil
+}
+
+func (r *Registry) removeQueued(c *command) {
+	q := c.ctx.queue
+	for i, x := range q {
+		if x == c {
+			c.ctx.queue = append(q[:i], q[i+1:]...)
+			return
+		}
+	}
+}
+
+// flushQueue dispatches the durable prefix of w's FIFO; r.mu is held. A
+// context that is not live any more ends its queued commands disconnected.
+func (r *Registry) flushQueue(w *wctx) {
+	for len(w.queue) > 0 && w.queue[0].durable {
+		c := w.queue[0]
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		if c.notice != nil {
+			if conn := w.client.conn; conn != nil {
+				conn.Send(c.notice)
+			}
+			continue
+		}
+		if r.commands[c.rec.CommandID] != c {
+			continue // ended while it waited for its record
+		}
+		conn := w.client.conn
+		if !w.live || conn == nil || w.client.contexts[w.id] != w {
+			r.finish(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the context was not live at dispatch"})
+			continue
+		}
+		now := r.clock.Now()
+		c.conn, c.dispatched = conn, true
+		c.rec.Status = cheetah.StatusDispatched
+		r.store.WriteAsync(nil, history.SetStatus{CommandID: c.rec.CommandID, Status: cheetah.StatusDispatched, At: now})
+		if c.rec.ResponseMode != cheetah.ModeNone {
+			// The timeout runs from dispatch; it is armed before the frame
+			// leaves so that no answer can beat it.
+			c.timer = r.clock.AfterFunc(time.Duration(c.frame.TimeoutMS)*time.Millisecond, func() {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				r.finish(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)})
+			})
+		}
+		if !conn.Send(c.frame) {
+			// The connection's queue is full: it is closing itself, and the
+			// command ends with it.
+			r.finish(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client does not read"})
+			continue
+		}
+		if c.rec.ResponseMode == cheetah.ModeNone {
+			// Nothing more is expected; forget it but remember where it went.
+			delete(r.commands, c.rec.CommandID)
+			r.finished.put(c.rec.CommandID, finishedCommand{user: c.user, client: c.client, status: cheetah.StatusDispatched, mode: cheetah.ModeNone}, now)
+		}
+	}
+}
+
+// finish ends c with a status the broker decided (not a client's terminal
+// message); r.mu is held.
+func (r *Registry) finish(c *command, status cheetah.Status, e *cheetah.ErrorInfo) {
+	r.end(c, status, e, nil)
+}
+
+// end ends c: it is forgotten at once, its terminal status is recorded, and
+// the waiting caller (if any) learns the resolution once that is durable, so
+// a history read then already shows it (invariant 8); r.mu is held.
+func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, msg *history.AppendMessage) {
+	id := c.rec.CommandID
+	if r.commands[id] != c {
+		return
+	}
+	delete(r.commands, id)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	now := r.clock.Now()
+	r.finished.put(id, finishedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
+	ops := []history.Op{}
+	if msg != nil {
+		ops = append(ops, *msg)
+	}
+	ops = append(ops, history.SetStatus{CommandID: id, Status: status, Error: e, At: now})
+	res := cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
+	r.store.WriteAsync(func(error) {
+		// The resolution goes to the caller even when the write failed: the
+		// caller must not hang; the record then still shows the last status
+		// that was written.
+		r.mu.Lock()
+		r.unpreserve(c, true)
+		r.mu.Unlock()
+		if c.resolved != nil {
+			c.resolved <- res
+		}
+	}, ops...)
+}
+
+// unpreserve drops c's hold on its lease; r.mu is held. When the caller
+// still wants the lease (renew), it is renewed for its TTL from now;
+// otherwise its deadline stands and it may expire at once.
+func (r *Registry) unpreserve(c *command, renew bool) {
+	if !c.preserving {
+		return
+	}
+	c.preserving = false
+	l := c.lease
+	l.preserve--
+	if r.leases[l.token] != l || l.preserve > 0 {
+		return
+	}
+	if renew {
+		l.expiresAt = r.clock.Now().Add(l.ttl)
+	}
+	r.pushDeadline(l)
+}
+
+// heapRemove takes l out of the deadline heap; r.mu is held.
+func heapRemove(r *Registry, l *lease) { heapRemoveAt(&r.heap, l.heapIndex) }
+
+func newTraceIDs() (traceID, spanID string) {
+	var b [24]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("registry: crypto/rand: %v", err))
+		}
+		// W3C forbids all-zero ids; 2^-128 odds, but the rule is cheap.
+		if hex.EncodeToString(b[:16]) != "00000000000000000000000000000000" && hex.EncodeToString(b[16:]) != "0000000000000000" {
+			return hex.EncodeToString(b[:16]), hex.EncodeToString(b[16:])
+		}
+	}
+}

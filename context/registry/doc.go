@@ -1,0 +1,20 @@
+// Package registry holds the broker's live state: connected clients, their
+// contexts, the leases that assign contexts to tasks, and the commands in
+// flight. It lives in the context/ folder; its package name keeps clear of
+// the standard library's context package.
+//
+// Every state change is one short critical section under the registry's
+// mutex: assignment, the ownership check that admits a command, release,
+// expiry, revoke, a state report, a disconnect. That makes each of them
+// atomic, which is what the design's invariants need, and keeps the set of
+// operations small enough for a PostgreSQL-backed registry to implement the
+// same way later (conditional UPDATE … RETURNING per operation).
+//
+// A command is admitted under the lock (ownership checked, lease renewed,
+// position in its context's FIFO taken), recorded durably outside it (group
+// commit in the history store), and dispatched under the lock again once its
+// record and every record ahead of it in the FIFO are durable. So a command id
+// is returned only after its record is durable, nothing unrecorded is ever
+// dispatched, and commands reach a client in admission order even when a
+// later assignment of the same context sends too.
+package registry

@@ -1,0 +1,447 @@
+package registry
+
+import (
+	"container/list"
+	"container/heap"
+	"context"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// lease is one context assigned to one task.
+type lease struct {
+	token      string
+	ctx        *wctx
+	taskID     string
+	epoch      int64
+	ttl        time.Duration
+	expiresAt  time.Time
+	renewOnUse bool
+	// preserve counts send_and_wait calls in flight whose callers still wait:
+	// while it is above zero the lease cannot expire (invariant 5).
+	preserve  int
+	heapIndex int // -1 when not in the heap
+}
+
+// endedLease is what the registry remembers of a lease that ended, to tell a
+// late user why.
+type endedLease struct {
+	userID, clientID, contextID string
+	reason                      cheetah.LostReason
+}
+
+type waiter struct {
+	req   cheetah.AcquireRequest
+	token string
+	ch    chan acquireResult // buffered: the hand-off never blocks
+	elem  *list.Element
+}
+
+type acquireResult struct {
+	lease cheetah.Lease
+	err   error
+}
+
+func (l *lease) view(withToken bool) cheetah.Lease {
+	w := l.ctx
+	v := cheetah.Lease{
+		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
+		ClientType: w.client.typ, TaskID: l.taskID, Epoch: l.epoch,
+		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(),
+	}
+	if withToken {
+		v.LeaseToken = l.token
+	}
+	return v
+}
+
+// Acquire assigns an idle context to req.TaskID: the one idle the longest
+// among those that match. With req.Wait it waits, first come first served.
+func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
+	if err := normalizeAcquire(&req, r.cfg.DefaultTTL); err != nil {
+		return cheetah.Lease{}, err
+	}
+	token := newToken()
+	r.mu.Lock()
+	p := r.poolFor(req.UserID)
+	if w := r.pickIdle(p, &req); w != nil {
+		l, err := r.assign(w, &req, token, r.clock.Now())
+		r.mu.Unlock()
+		return l, err
+	}
+	if req.Wait <= 0 {
+		reason := r.missReason(p, &req)
+		r.dropPoolIfEmpty(p)
+		r.mu.Unlock()
+		return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
+	}
+	wt := &waiter{req: req, token: token, ch: make(chan acquireResult, 1)}
+	wt.elem = p.waiters.PushBack(wt)
+	r.mu.Unlock()
+
+	t := r.clock.NewTimer(req.Wait)
+	defer t.Stop()
+	var cause error
+	select {
+	case res := <-wt.ch:
+		return res.lease, res.err
+	case <-t.Chan():
+	case <-ctx.Done():
+		cause = ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if wt.elem == nil {
+		// A context was handed over while the wait ended; it is ours.
+		res := <-wt.ch
+		return res.lease, res.err
+	}
+	p.waiters.Remove(wt.elem)
+	wt.elem = nil
+	if cause != nil {
+		r.dropPoolIfEmpty(p)
+		return cheetah.Lease{}, cause
+	}
+	reason := r.missReason(p, &req)
+	r.dropPoolIfEmpty(p)
+	return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
+}
+
+func normalizeAcquire(req *cheetah.AcquireRequest, defaultTTL time.Duration) error {
+	if !protocol.ValidUserID(req.UserID) {
+		return cheetah.Invalidf("user_id %q is not a valid id", req.UserID)
+	}
+	if req.TaskID == "" || len(req.TaskID) > MaxTaskIDLen {
+		return cheetah.Invalidf("task_id must be 1 to %d bytes", MaxTaskIDLen)
+	}
+	if req.ClientType == "" {
+		req.ClientType = cheetah.Browser
+	}
+	if !req.ClientType.Valid() {
+		return cheetah.Invalidf("client_type %q is not browser or console", req.ClientType)
+	}
+	if req.ClientID != "" && !protocol.ValidID(req.ClientID) {
+		return cheetah.Invalidf("client_id %q is not a valid id", req.ClientID)
+	}
+	if len(req.Labels) > MaxLabels {
+		return cheetah.Invalidf("at most %d labels", MaxLabels)
+	}
+	switch {
+	case req.TTL == 0:
+		req.TTL = defaultTTL
+	case req.TTL < MinTTL || req.TTL > MaxTTL || req.TTL%time.Second != 0:
+		return cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+	}
+	if req.Wait < 0 || req.Wait > MaxWait {
+		return cheetah.Invalidf("wait_ms must be from 0 to 60000")
+	}
+	return nil
+}
+
+// pickIdle returns the longest-idle context matching req; r.mu is held.
+func (r *Registry) pickIdle(p *pool, req *cheetah.AcquireRequest) *wctx {
+	lst := p.idle[req.ClientType]
+	if lst == nil {
+		return nil
+	}
+	for e := lst.Front(); e != nil; e = e.Next() {
+		if w := e.Value.(*wctx); w.matches(req) {
+			return w
+		}
+	}
+	return nil
+}
+
+// missReason says why nothing matched req; r.mu is held.
+func (r *Registry) missReason(p *pool, req *cheetah.AcquireRequest) cheetah.NoContextReason {
+	connected, placed := false, false
+	for _, c := range p.clients {
+		if c.conn == nil || c.typ != req.ClientType {
+			continue
+		}
+		connected = true
+		for _, w := range c.contexts {
+			if w.live && w.owner == cheetah.OwnerWorker && w.matches(req) {
+				placed = true
+			}
+		}
+	}
+	switch {
+	case !connected:
+		return cheetah.ReasonNoEligibleClient
+	case !placed && (req.ClientID != "" || len(req.Labels) > 0):
+		return cheetah.ReasonPlacementMiss
+	}
+	return cheetah.ReasonNoIdleWorker
+}
+
+// assign gives idle context w a new lease; r.mu is held.
+func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, now time.Time) (cheetah.Lease, error) {
+	epoch, err := r.nextEpoch()
+	if err != nil {
+		return cheetah.Lease{}, err
+	}
+	l := &lease{
+		token: token, ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
+		expiresAt: now.Add(req.TTL), renewOnUse: req.RenewOnUse == nil || *req.RenewOnUse,
+		heapIndex: -1,
+	}
+	w.lease = l
+	r.refreshIdle(w)
+	r.leases[token] = l
+	r.pushDeadline(l)
+	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+	return l.view(true), nil
+}
+
+// notify sends a frame about w to its client if it is connected, after
+// any command still waiting in w's queue; r.mu is held.
+func (r *Registry) notify(w *wctx, f protocol.Frame) {
+	if len(w.queue) > 0 {
+		w.queue = append(w.queue, &command{notice: f, durable: true})
+		return
+	}
+	if c := w.client; c.conn != nil {
+		c.conn.Send(f)
+	}
+}
+
+// endLease ends l for reason; r.mu is held. The context becomes idle again
+// if it still can be. Work already dispatched keeps running (invariant 4).
+func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
+	w := l.ctx
+	if w.lease != l {
+		return
+	}
+	delete(r.leases, l.token)
+	if l.heapIndex >= 0 {
+		heap.Remove(&r.heap, l.heapIndex)
+	}
+	w.lease = nil
+	r.ended.put(l.token, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
+	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
+	r.refreshIdle(w)
+}
+
+// check finds the active lease of handle h and confirms its context is live
+// and worker-owned; r.mu is held. This is the ownership check of invariant 2.
+func (r *Registry) check(h cheetah.Lease) (*lease, error) {
+	l := r.leases[h.LeaseToken]
+	if l == nil {
+		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(h.LeaseToken)}
+	}
+	if !sameHolder(l, h) {
+		// A token presented with another lease's identity is not this lease.
+		return nil, &cheetah.LeaseLostError{Reason: cheetah.LostUnknownLease}
+	}
+	switch w := l.ctx; {
+	case !w.live:
+		return nil, &cheetah.LeaseLostError{Reason: cheetah.LostNotLive}
+	case w.owner != cheetah.OwnerWorker:
+		return nil, &cheetah.LeaseLostError{Reason: cheetah.LostNotWorker}
+	}
+	return l, nil
+}
+
+// sameHolder compares what the handle says of itself with the lease. Remote
+// callers present only the token, so empty fields match.
+func sameHolder(l *lease, h cheetah.Lease) bool {
+	w := l.ctx
+	return (h.UserID == "" || h.UserID == w.client.pool.userID) &&
+		(h.ClientID == "" || h.ClientID == w.client.id) &&
+		(h.ContextID == "" || h.ContextID == w.id) &&
+		(h.TaskID == "" || h.TaskID == l.taskID) &&
+		(h.Epoch == 0 || h.Epoch == l.epoch)
+}
+
+// lostReason describes, for a token that carries no active lease, its
+// context as it is now: first match wins; r.mu is held.
+func (r *Registry) lostReason(token string) cheetah.LostReason {
+	e, ok := r.ended.get(token)
+	if !ok {
+		return cheetah.LostUnknownLease
+	}
+	var w *wctx
+	if p := r.users[e.userID]; p != nil {
+		if c := p.clients[e.clientID]; c != nil {
+			w = c.contexts[e.contextID]
+		}
+	}
+	switch {
+	case w == nil:
+		return cheetah.LostContextGone
+	case !w.live:
+		return cheetah.LostNotLive
+	case w.owner != cheetah.OwnerWorker:
+		return cheetah.LostNotWorker
+	case w.lease != nil:
+		return cheetah.LostReassigned
+	}
+	return e.reason
+}
+
+// Renew extends the lease from now by ttl, or by its own TTL when ttl is
+// zero, after the same ownership check as a send.
+func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
+	if ttl != 0 && (ttl < MinTTL || ttl > MaxTTL || ttl%time.Second != 0) {
+		return cheetah.Lease{}, cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l, err := r.check(h)
+	if err != nil {
+		return cheetah.Lease{}, err
+	}
+	if ttl != 0 {
+		l.ttl = ttl
+	}
+	r.extend(l, r.clock.Now())
+	return l.view(true), nil
+}
+
+// extend moves l's deadline to now + its TTL; r.mu is held.
+func (r *Registry) extend(l *lease, now time.Time) {
+	l.expiresAt = now.Add(l.ttl)
+	if l.heapIndex >= 0 {
+		heap.Fix(&r.heap, l.heapIndex)
+	} else if l.preserve == 0 {
+		r.pushDeadline(l)
+	}
+}
+
+// Release clears the lease if its context still carries it, live or not.
+// It reports whether it did; it never fails with lease_lost.
+func (r *Registry) Release(_ context.Context, h cheetah.Lease) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.release(h), nil
+}
+
+func (r *Registry) release(h cheetah.Lease) bool {
+	l := r.leases[h.LeaseToken]
+	if l == nil || !sameHolder(l, h) {
+		return false
+	}
+	r.endLease(l, cheetah.LostReleased)
+	return true
+}
+
+// ReleaseAll releases every token and returns how many leases it cleared.
+func (r *Registry) ReleaseAll(_ context.Context, tokens []string) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, t := range tokens {
+		if r.release(cheetah.Lease{LeaseToken: t}) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Revoke ends the lease on a context, if any, with reason revoked, and tells
+// the client.
+func (r *Registry) Revoke(userID, clientID, contextID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.findContext(userID, clientID, contextID)
+	if w == nil || w.lease == nil {
+		return false
+	}
+	r.endLease(w.lease, cheetah.LostRevoked)
+	return true
+}
+
+func (r *Registry) findContext(userID, clientID, contextID string) *wctx {
+	if p := r.users[userID]; p != nil {
+		if c := p.clients[clientID]; c != nil {
+			return c.contexts[contextID]
+		}
+	}
+	return nil
+}
+
+// The deadline heap: etcd's lessor keeps leases the same way, so the next
+// expiry is found in O(log n).
+type leaseHeap []*lease
+
+func (h leaseHeap) Len() int           { return len(h) }
+func (h leaseHeap) Less(i, j int) bool { return h[i].expiresAt.Before(h[j].expiresAt) }
+func (h leaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIndex, h[j].heapIndex = i, j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*lease)
+	l.heapIndex = len(*h)
+	*h = append(*h, l)
+}
+func (h *leaseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	l.heapIndex = -1
+	*h = old[:len(old)-1]
+	return l
+}
+
+// pushDeadline puts l in the heap and wakes the expiry loop if l is now the
+// earliest deadline; r.mu is held.
+func (r *Registry) pushDeadline(l *lease) {
+	heap.Push(&r.heap, l)
+	if l.heapIndex == 0 {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// ExpireDue ends every lease whose deadline has passed and that no admitted
+// work preserves, and returns the next deadline (zero when none). The expiry
+// loop calls it; tests call it after moving a fake clock.
+func (r *Registry) ExpireDue() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	for len(r.heap) > 0 {
+		l := r.heap[0]
+		if l.expiresAt.After(now) {
+			return l.expiresAt
+		}
+		heap.Pop(&r.heap)
+		if l.preserve > 0 {
+			// Admitted work holds it; it re-enters the heap when that ends.
+			continue
+		}
+		r.endLease(l, cheetah.LostExpired)
+	}
+	return time.Time{}
+}
+
+// expiryLoop sleeps until the earliest deadline, or a minute at most, and
+// expires what is due. A new earliest deadline wakes it through kick.
+func (r *Registry) expiryLoop() {
+	defer close(r.done)
+	t := r.clock.NewTimer(time.Minute)
+	defer t.Stop()
+	for {
+		next := r.ExpireDue()
+		r.PruneMemory()
+		wait := time.Minute
+		if !next.IsZero() {
+			wait = min(max(next.Sub(r.clock.Now()), 0), time.Minute)
+		}
+		t.Reset(wait)
+		select {
+		case <-r.stop:
+			return
+		case <-r.kick:
+		case <-t.Chan():
+		}
+	}
+}
+
+func heapRemoveAt(h *leaseHeap, i int) { heap.Remove(h, i) }

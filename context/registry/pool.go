@@ -1,0 +1,166 @@
+package registry
+
+import (
+	"github.com/jonboulle/clockwork"
+
+	"container/list"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+)
+
+// pool is one user's clients, their idle contexts and the acquires waiting
+// for one. Users never share a pool: that is the user boundary.
+type pool struct {
+	userID  string
+	clients map[string]*client
+	// idle holds the idle contexts of each client type in the order they
+	// became idle, which is the selection order (longest idle first). The
+	// clock only moves forward, so appending keeps the list sorted.
+	idle    map[cheetah.ClientType]*list.List
+	waiters *list.List // of *waiter, first come first served
+}
+
+// client is one connected (or recently disconnected) client of a user.
+type client struct {
+	pool      *pool
+	id        string
+	typ       cheetah.ClientType
+	name      string
+	version   string
+	labels    map[string]string
+	keyID     string
+	sessionID string
+	conn      Conn // nil while disconnected
+	// reported is false from a (re)connect until the first state report:
+	// until then no context of the client is live.
+	reported    bool
+	contexts    map[string]*wctx
+	grace       clockwork.Timer // ends the client when it does not come back
+	connectedAt time.Time
+}
+
+// wctx is a worker context: a tab or a console flow.
+type wctx struct {
+	client    *client
+	id        string
+	tabID     string
+	owner     cheetah.Owner
+	url       string
+	title     string
+	labels    map[string]string
+	live      bool
+	lease     *lease
+	idleElem  *list.Element
+	idleSince time.Time
+	// queue holds commands admitted on this context and not yet dispatched,
+	// in admission order. Only its durable prefix is ever dispatched.
+	queue []*command
+}
+
+func (r *Registry) poolFor(userID string) *pool {
+	p := r.users[userID]
+	if p == nil {
+		p = &pool{userID: userID, clients: map[string]*client{}, idle: map[cheetah.ClientType]*list.List{}, waiters: list.New()}
+		r.users[userID] = p
+	}
+	return p
+}
+
+// dropPoolIfEmpty forgets a user with nothing left, so bookkeeping returns to
+// zero when every client is gone.
+func (r *Registry) dropPoolIfEmpty(p *pool) {
+	if len(p.clients) == 0 && p.waiters.Len() == 0 {
+		delete(r.users, p.userID)
+	}
+}
+
+// label returns the context's label, or where it lacks the key the client's.
+func (w *wctx) label(key string) (string, bool) {
+	if v, ok := w.labels[key]; ok {
+		return v, true
+	}
+	v, ok := w.client.labels[key]
+	return v, ok
+}
+
+func (w *wctx) matches(req *cheetah.AcquireRequest) bool {
+	if w.client.typ != req.ClientType {
+		return false
+	}
+	if req.ClientID != "" && w.client.id != req.ClientID {
+		return false
+	}
+	for k, v := range req.Labels {
+		if got, ok := w.label(k); !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *wctx) idle() bool {
+	return w.live && w.owner == cheetah.OwnerWorker && w.lease == nil
+}
+
+func (w *wctx) state() string {
+	switch {
+	case !w.live:
+		return cheetah.StateNotLive
+	case w.owner != cheetah.OwnerWorker:
+		return cheetah.StateHuman
+	case w.lease != nil:
+		return cheetah.StateLeased
+	}
+	return cheetah.StateIdle
+}
+
+// refreshIdle puts w in or out of its pool's idle list to match its state,
+// handing a newly idle context to the first matching waiter; r.mu is held.
+func (r *Registry) refreshIdle(w *wctx) {
+	p := w.client.pool
+	if !w.idle() {
+		if w.idleElem != nil {
+			p.idle[w.client.typ].Remove(w.idleElem)
+			w.idleElem = nil
+		}
+		return
+	}
+	if w.idleElem != nil {
+		return
+	}
+	now := r.clock.Now()
+	for e := p.waiters.Front(); e != nil; e = e.Next() {
+		wt := e.Value.(*waiter)
+		if w.matches(&wt.req) {
+			p.waiters.Remove(e)
+			wt.elem = nil
+			l, err := r.assign(w, &wt.req, wt.token, now)
+			wt.ch <- acquireResult{lease: l, err: err}
+			return
+		}
+	}
+	lst := p.idle[w.client.typ]
+	if lst == nil {
+		lst = list.New()
+		p.idle[w.client.typ] = lst
+	}
+	w.idleSince = now
+	w.idleElem = lst.PushBack(w)
+}
+
+func (w *wctx) snapshot() cheetah.ContextSnapshot {
+	s := cheetah.ContextSnapshot{
+		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
+		ClientType: w.client.typ, TabID: w.tabID, Owner: w.owner, URL: w.url,
+		Title: w.title, Labels: w.labels, State: w.state(),
+	}
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	if w.idleElem != nil {
+		t := w.idleSince.UTC()
+		s.IdleSince = &t
+	}
+	return s
+}

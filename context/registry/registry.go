@@ -1,0 +1,217 @@
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Store is what the registry needs of the durable history.
+type Store interface {
+	Write(ctx context.Context, ops ...history.Op) error
+	WriteAsync(done func(error), ops ...history.Op)
+	Lookup(ctx context.Context, commandID string) (history.CommandRef, error)
+	Get(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error)
+	List(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error)
+	ReserveEpochs(ctx context.Context, n int64) (int64, error)
+}
+
+// Conn is a client's connection as the registry sees it. Send must not
+// block: the registry calls it under its lock. A connection whose outbound
+// queue is full answers false and closes itself.
+type Conn interface {
+	Send(f protocol.Frame) bool
+	// Close sends an error frame explaining code, then closes the connection.
+	// It must not block.
+	Close(code protocol.CloseCode, reason string)
+}
+
+// Config tunes a Registry. Zero values take the defaults.
+type Config struct {
+	Clock clockwork.Clock
+	Store Store
+	Log   *slog.Logger
+	// DefaultTTL is a lease's TTL when the acquire names none (300 s).
+	DefaultTTL time.Duration
+	// ReconnectGrace is how long a disconnected client's leases survive (30 s).
+	ReconnectGrace time.Duration
+	// EndedMemory is how long the registry remembers how a lease ended, so a
+	// late use can be told why (10 min). EndedMax bounds that memory.
+	EndedMemory time.Duration
+	EndedMax    int
+	// EpochBlock is how many epochs are reserved in the store at a time.
+	EpochBlock int64
+	// MaxMessageBytes bounds a command frame (4 MiB).
+	MaxMessageBytes int
+	// DefaultCommandTimeout applies when a send names no timeout (30 s).
+	DefaultCommandTimeout time.Duration
+}
+
+// Limits of the acquire and send requests.
+const (
+	MinTTL            = time.Second
+	MaxTTL            = time.Hour
+	MaxWait           = time.Minute
+	MaxCommandTimeout = time.Hour
+	MaxTaskIDLen      = 256
+	MaxNameLen        = 128
+	MaxLabels         = 32
+)
+
+func (c *Config) fill() {
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = 300 * time.Second
+	}
+	if c.ReconnectGrace == 0 {
+		c.ReconnectGrace = 30 * time.Second
+	}
+	if c.EndedMemory == 0 {
+		c.EndedMemory = 10 * time.Minute
+	}
+	if c.EndedMax == 0 {
+		c.EndedMax = 200_000
+	}
+	if c.EpochBlock == 0 {
+		c.EpochBlock = 1024
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 4 << 20
+	}
+	if c.DefaultCommandTimeout == 0 {
+		c.DefaultCommandTimeout = 30 * time.Second
+	}
+}
+
+// Registry is the broker's live state. Create it with New and stop it with
+// Close.
+type Registry struct {
+	cfg   Config
+	clock clockwork.Clock
+	store Store
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	users    map[string]*pool
+	leases   map[string]*lease // active leases by token
+	heap     leaseHeap         // active leases that may expire, by deadline
+	ended    *memo[endedLease] // how recent leases ended, by token
+	commands map[string]*command
+	finished *memo[finishedCommand] // recently ended commands, for late messages
+	epochs   epochRange
+	closed   bool
+
+	wg   sync.WaitGroup // background epoch reservations
+	kick chan struct{} // wakes the expiry loop when the earliest deadline moves
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New starts a registry. It reserves its first block of epochs from the
+// store, so it fails when the store does not answer.
+func New(ctx context.Context, cfg Config) (*Registry, error) {
+	cfg.fill()
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("registry: new: a store is required")
+	}
+	r := &Registry{
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		store:    cfg.Store,
+		log:      cfg.Log,
+		users:    map[string]*pool{},
+		leases:   map[string]*lease{},
+		ended:    newMemo[endedLease](cfg.EndedMemory, cfg.EndedMax),
+		commands: map[string]*command{},
+		finished: newMemo[finishedCommand](cfg.EndedMemory, cfg.EndedMax),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if err := r.reserveEpochs(ctx); err != nil {
+		return nil, err
+	}
+	go r.expiryLoop()
+	return r, nil
+}
+
+// Close stops the expiry loop and resolves every waiting caller as
+// interrupted. It does not touch the store: the caller closes it after.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	r.mu.Unlock()
+	close(r.stop)
+	<-r.done
+	r.wg.Wait()
+}
+
+// Stats counts the registry's bookkeeping. After every lease is released and
+// every client is gone, Leases, Heap, Commands, Queued, Waiters, Clients and
+// Contexts are all zero (invariant 11). Ended and Finished are time-bounded
+// memories of the last EndedMemory.
+type Stats struct {
+	Clients, Contexts, Leases, Heap, Commands, Queued, Waiters, Preserving int
+	Ended, Finished                                                        int
+}
+
+// Stats returns the current counts.
+func (r *Registry) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := Stats{Leases: len(r.leases), Heap: len(r.heap), Commands: len(r.commands),
+		Ended: r.ended.len(), Finished: r.finished.len()}
+	for _, p := range r.users {
+		s.Clients += len(p.clients)
+		s.Waiters += p.waiters.Len()
+		for _, c := range p.clients {
+			s.Contexts += len(c.contexts)
+			for _, w := range c.contexts {
+				s.Queued += len(w.queue)
+			}
+		}
+	}
+	for _, l := range r.leases {
+		s.Preserving += l.preserve
+	}
+	return s
+}
+
+// PruneMemory drops remembered ended leases and finished commands older than
+// EndedMemory. The expiry loop calls it; tests call it after moving a fake
+// clock.
+func (r *Registry) PruneMemory() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	r.ended.prune(now)
+	r.finished.prune(now)
+}
+
+// newToken returns 128 random bits, hex encoded.
+func newToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("registry: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,163 @@
+package cheetah
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error codes of the HTTP API. The same codes classify SDK errors, so an
+// in-process caller and a remote one see the same thing.
+const (
+	CodeInvalidRequest     = "invalid_request"
+	CodeUnauthorized       = "unauthorized"
+	CodeForbidden          = "forbidden"
+	CodeNotFound           = "not_found"
+	CodeNoContextAvailable = "no_context_available"
+	CodePayloadTooLarge    = "payload_too_large"
+	CodeLeaseLost          = "lease_lost"
+	CodeRateLimited        = "rate_limited"
+	CodeStoreUnavailable   = "store_unavailable"
+	CodeOverloaded         = "overloaded"
+)
+
+// Error is an API error with a code from the design's table. Sentinel values
+// below match any *Error with the same code under errors.Is.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return e.Code
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Is makes errors.Is(err, ErrNotFound) true for every *Error with that code.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	return errors.As(target, &t) && t.Code == e.Code
+}
+
+// Sentinels for errors.Is. ErrNoContextAvailable and ErrLeaseLost also match
+// *NoContextError and *LeaseLostError, which carry the reason.
+var (
+	ErrInvalidRequest     = &Error{Code: CodeInvalidRequest}
+	ErrUnauthorized       = &Error{Code: CodeUnauthorized}
+	ErrForbidden          = &Error{Code: CodeForbidden}
+	ErrNotFound           = &Error{Code: CodeNotFound}
+	ErrNoContextAvailable = &Error{Code: CodeNoContextAvailable}
+	ErrPayloadTooLarge    = &Error{Code: CodePayloadTooLarge}
+	ErrLeaseLost          = &Error{Code: CodeLeaseLost}
+	ErrRateLimited        = &Error{Code: CodeRateLimited}
+	ErrStoreUnavailable   = &Error{Code: CodeStoreUnavailable}
+	ErrOverloaded         = &Error{Code: CodeOverloaded}
+)
+
+// Invalidf returns an invalid_request error with a message saying what is wrong.
+func Invalidf(format string, args ...any) error {
+	return &Error{Code: CodeInvalidRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// NotFoundf returns a not_found error.
+func NotFoundf(format string, args ...any) error {
+	return &Error{Code: CodeNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// StoreUnavailable wraps a store failure so callers can tell it from bad
+// input: the broker fails closed when its store does not answer.
+func StoreUnavailable(op string, err error) error {
+	return fmt.Errorf("%s: %w: %w", op, ErrStoreUnavailable, err)
+}
+
+// NoContextReason says why acquire found nothing to assign.
+type NoContextReason string
+
+// Reasons for no_context_available.
+const (
+	ReasonNoEligibleClient  NoContextReason = "no_eligible_client"
+	ReasonNoIdleWorker      NoContextReason = "no_idle_worker"
+	ReasonPlacementMiss     NoContextReason = "placement_miss"
+	ReasonCapacityExhausted NoContextReason = "capacity_exhausted"
+)
+
+// NoContextError is returned by Acquire when nothing can be assigned.
+type NoContextError struct {
+	Reason NoContextReason
+}
+
+func (e *NoContextError) Error() string {
+	return CodeNoContextAvailable + ": " + string(e.Reason)
+}
+
+// Is makes errors.Is(err, ErrNoContextAvailable) true.
+func (e *NoContextError) Is(target error) bool { return isCode(target, CodeNoContextAvailable) }
+
+// LostReason says why a handle no longer owns its context. It describes the
+// context as it is now, first match wins, in the order of the constants.
+type LostReason string
+
+// Reasons for lease_lost.
+const (
+	LostUnknownLease LostReason = "unknown_lease"
+	LostContextGone  LostReason = "context_gone"
+	LostNotLive      LostReason = "not_live"
+	LostNotWorker    LostReason = "not_worker"
+	LostReassigned   LostReason = "reassigned"
+	LostReleased     LostReason = "released"
+	LostExpired      LostReason = "expired"
+	LostRevoked      LostReason = "revoked"
+)
+
+// LeaseLostError is returned by a send or renew through a handle that no
+// longer owns its context. Nothing was dispatched.
+type LeaseLostError struct {
+	Reason LostReason
+}
+
+func (e *LeaseLostError) Error() string { return CodeLeaseLost + ": " + string(e.Reason) }
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *LeaseLostError) Is(target error) bool { return isCode(target, CodeLeaseLost) }
+
+func isCode(target error, code string) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == code
+}
+
+// Classify returns the API code and reason of err: what the HTTP layer puts
+// in its error envelope. An error of no known kind is "" (an internal error).
+func Classify(err error) (code, reason, message string) {
+	var (
+		nc *NoContextError
+		ll *LeaseLostError
+		e  *Error
+	)
+	switch {
+	case errors.As(err, &nc):
+		return CodeNoContextAvailable, string(nc.Reason), nc.Error()
+	case errors.As(err, &ll):
+		return CodeLeaseLost, string(ll.Reason), ll.Error()
+	case errors.As(err, &e):
+		if e.Message == "" {
+			// A bare sentinel wraps a cause whose text may name internals
+			// (a database address), so the code alone is the message.
+			return e.Code, "", e.Code
+		}
+		return e.Code, "", e.Message
+	}
+	return "", "", ""
+}
+
+// FromCode rebuilds the error that Classify took apart, so that a remote
+// caller gets the same types as an in-process one.
+func FromCode(code, reason, message string) error {
+	switch code {
+	case CodeNoContextAvailable:
+		return &NoContextError{Reason: NoContextReason(reason)}
+	case CodeLeaseLost:
+		return &LeaseLostError{Reason: LostReason(reason)}
+	}
+	return &Error{Code: code, Message: message}
+}

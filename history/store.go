@@ -1,0 +1,371 @@
+// Package history is Cheetah's durable store: every command with every
+// message that came back for it, the epoch high-water mark and the API keys.
+// It runs on PostgreSQL or on an embedded SQLite file with one implementation;
+// the SQL differs only in the migrations.
+//
+// Writes go through one writer goroutine that groups the operations of many
+// callers into one transaction (group commit), so a busy broker pays one
+// commit per batch rather than one per message. Reads go straight to the
+// database.
+package history
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	sqlitedriver "github.com/glebarez/go-sqlite"
+	gormsqlite "github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/migrations"
+)
+
+// Config says which database to use.
+type Config struct {
+	// DatabaseURL selects the database: "" is the SQLite file "cheetah.db"
+	// in DataDir; "postgres://…" or "postgresql://…" is PostgreSQL;
+	// "sqlite://PATH" or "file:PATH" is that SQLite file.
+	DatabaseURL string
+	// DataDir is created (0700) if missing. Default ".".
+	DataDir string
+	// Logger receives the store's own warnings. Nil discards them.
+	Logger *slog.Logger
+	// BatchSize caps the operations of one group commit: the writer stops
+	// adding requests once a batch holds this many (one request is never
+	// split). Default 512, at most 4096.
+	BatchSize int
+}
+
+// The dialects a Store runs on.
+const (
+	DialectPostgres = migrations.Postgres
+	DialectSQLite   = migrations.SQLite
+)
+
+// ErrClosed is returned (wrapped as store_unavailable) by writes made after
+// Close.
+var ErrClosed = errors.New("history: store closed")
+
+// writeTimeout bounds one transaction of the writer, so that a database that
+// stops answering fails the waiting callers instead of hanging them, and
+// Close cannot hang on it forever.
+const writeTimeout = 30 * time.Second
+
+// Store is the durable history. It is safe for concurrent use.
+type Store struct {
+	db      *gorm.DB
+	sqlDB   *sql.DB
+	dialect string
+	log     *slog.Logger
+	batch   int
+
+	// mu guards closed and, held for reading, every send on queue, so that
+	// Close can close the channel without racing a sender.
+	mu      sync.RWMutex
+	closed  bool
+	queue   chan request
+	stopped chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	stats stats
+}
+
+// maxBatchSize keeps the one seq query of a batch (an IN list with a
+// parameter per command) well under SQLite's 32766 bind parameters.
+const maxBatchSize = 4096
+
+// Open connects to the database, applies the migrations and starts the
+// writer.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	cfg = withDefaults(cfg)
+	db, dialect, lockFile, err := connect(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, _ := db.DB() // connect checked it
+	if err := migrate(ctx, sqlDB, dialect, lockFile); err != nil {
+		_ = sqlDB.Close()
+		return nil, err
+	}
+	s := &Store{
+		db:      db,
+		sqlDB:   sqlDB,
+		dialect: dialect,
+		log:     cfg.Logger,
+		batch:   cfg.BatchSize,
+		// A few batches of headroom lets callers keep enqueuing while a
+		// commit is in flight; beyond that WriteAsync blocks (backpressure).
+		queue:   make(chan request, 4*cfg.BatchSize),
+		stopped: make(chan struct{}),
+	}
+	go s.run()
+	return s, nil
+}
+
+// Migrate applies the migrations to the configured database and returns
+// their status, without starting a store: what `cheetah migrate` runs.
+func Migrate(ctx context.Context, cfg Config) ([]migrations.Version, error) {
+	return withDB(ctx, cfg, func(sqlDB *sql.DB, dialect, lockFile string) ([]migrations.Version, error) {
+		if err := migrate(ctx, sqlDB, dialect, lockFile); err != nil {
+			return nil, err
+		}
+		return migrationStatus(ctx, sqlDB, dialect, lockFile)
+	})
+}
+
+// MigrationStatus returns which migrations the configured database has,
+// applying none. (Goose creates its own version table if it is missing, and
+// a SQLite file is created if it does not exist.)
+func MigrationStatus(ctx context.Context, cfg Config) ([]migrations.Version, error) {
+	return withDB(ctx, cfg, func(sqlDB *sql.DB, dialect, lockFile string) ([]migrations.Version, error) {
+		return migrationStatus(ctx, sqlDB, dialect, lockFile)
+	})
+}
+
+func withDB(ctx context.Context, cfg Config, fn func(*sql.DB, string, string) ([]migrations.Version, error)) ([]migrations.Version, error) {
+	db, dialect, lockFile, err := connect(withDefaults(cfg))
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, _ := db.DB()
+	defer sqlDB.Close()
+	return fn(sqlDB, dialect, lockFile)
+}
+
+func withDefaults(cfg Config) Config {
+	if cfg.DataDir == "" {
+		cfg.DataDir = "."
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 512
+	}
+	cfg.BatchSize = min(cfg.BatchSize, maxBatchSize)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return cfg
+}
+
+// connect opens the configured database (creating the data directory) and
+// sizes its connection pool.
+func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
+	}
+	dialect, dialector, lockFile, err := resolve(cfg)
+	if err != nil {
+		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	db, err = gorm.Open(dialector, &gorm.Config{
+		// The writer wraps its own transactions; gorm's per-statement ones
+		// would only add round trips.
+		SkipDefaultTransaction: true,
+		// Statement errors are returned to callers, who decide what to log;
+		// gorm would log every refused insert and, with parameters, secrets.
+		Logger: gormlogger.Discard.LogMode(gormlogger.Silent),
+	})
+	if err != nil {
+		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	if dialect == DialectPostgres {
+		sqlDB.SetMaxOpenConns(16)
+		sqlDB.SetMaxIdleConns(4)
+	} else {
+		// Every new SQLite connection runs the DSN pragmas; a few idle
+		// spares avoid paying that on every read.
+		sqlDB.SetMaxIdleConns(4)
+	}
+	return db, dialect, lockFile, nil
+}
+
+func lockOpts(lockFile string) []migrations.Option {
+	if lockFile == "" {
+		return nil
+	}
+	return []migrations.Option{migrations.WithLockFile(lockFile)}
+}
+
+func migrate(ctx context.Context, sqlDB *sql.DB, dialect, lockFile string) error {
+	return migrationErr("history.Migrate", migrations.Apply(ctx, sqlDB, dialect, lockOpts(lockFile)...))
+}
+
+func migrationStatus(ctx context.Context, sqlDB *sql.DB, dialect, lockFile string) ([]migrations.Version, error) {
+	v, err := migrations.Status(ctx, sqlDB, dialect, lockOpts(lockFile)...)
+	return v, migrationErr("history.MigrationStatus", err)
+}
+
+// migrationErr tells a broken migration (the database refused a statement)
+// from a database that does not answer.
+func migrationErr(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case isRefused(err):
+		return fmt.Errorf("%s: %w", op, err)
+	default:
+		return cheetah.StoreUnavailable(op, err)
+	}
+}
+
+// resolve turns the config into a dialect, a gorm dialector and, for SQLite,
+// the migration lock file.
+func resolve(cfg Config) (dialect string, d gorm.Dialector, lockFile string, err error) {
+	u := cfg.DatabaseURL
+	var path, query string
+	switch {
+	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
+		return DialectPostgres, postgres.Open(u), "", nil
+	case u == "":
+		path = filepath.Join(cfg.DataDir, "cheetah.db")
+	case strings.HasPrefix(u, "sqlite://"):
+		path = strings.TrimPrefix(u, "sqlite://")
+	case strings.HasPrefix(u, "file:"):
+		path = strings.TrimPrefix(u, "file:")
+	default:
+		// The URL may carry a password, so only its scheme is repeated.
+		scheme, _, _ := strings.Cut(u, ":")
+		return "", nil, "", cheetah.Invalidf("unsupported database URL scheme %q (want postgres://, sqlite:// or file:)", scheme)
+	}
+	path, query, _ = strings.Cut(path, "?")
+	if path == "" || path == ":memory:" {
+		return "", nil, "", cheetah.Invalidf("the SQLite database must be a file")
+	}
+	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), migrations.LockFileFor(path), nil
+}
+
+// sqliteDSN adds the pragmas every connection needs to a file path. The
+// glebarez driver runs each _pragma on every new connection, which matters
+// because synchronous and foreign_keys are per-connection settings:
+//   - WAL lets readers run beside the writer;
+//   - synchronous=FULL makes a commit durable when it returns, so a command
+//     id handed out has survived even a power loss, not just a process kill;
+//   - busy_timeout makes a connection wait for the write lock instead of
+//     failing at once (the broker's writer, MarkInterrupted and a second
+//     process may all want it);
+//   - foreign_keys makes a message for an unknown command fail and lets
+//     deleting a command delete its messages.
+//
+// _txlock=immediate makes every transaction take the write lock at BEGIN:
+// the writer reads MAX(seq) and then inserts, and a deferred transaction
+// that read first could fail with SQLITE_BUSY when upgrading to a writer.
+// (Do not add _time_format: this driver version stops reading parameters
+// after it, so _txlock would be ignored.)
+func sqliteDSN(path, extra string) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	dsn := path + "?" + q.Encode()
+	if extra != "" {
+		dsn += "&" + extra
+	}
+	return dsn
+}
+
+// Dialect returns "postgres" or "sqlite".
+func (s *Store) Dialect() string { return s.dialect }
+
+// Ping checks that the database answers a query, for readiness probes.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.WithContext(ctx).Raw("SELECT 1").Scan(&one).Error; err != nil {
+		return fail("history.Ping", err)
+	}
+	return nil
+}
+
+// Close stops accepting writes, commits everything already enqueued, and
+// closes the database. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		close(s.queue)
+		s.mu.Unlock()
+		<-s.stopped
+		s.closeErr = s.sqlDB.Close()
+	})
+	return s.closeErr
+}
+
+// fail wraps a database error with the operation. A statement the database
+// refused (a constraint, a bad value) is the caller's problem and is wrapped
+// plainly; a cancelled caller gets its own error back; everything else means
+// the database did not answer as it should, which the broker reports as
+// store_unavailable.
+func fail(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case isRefused(err), errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %w", op, err)
+	default:
+		return cheetah.StoreUnavailable(op, err)
+	}
+}
+
+// isRefused reports whether err is the database answering "no" to a
+// statement, as opposed to not answering.
+func isRefused(err error) bool {
+	var ce *cheetah.Error
+	if errors.As(err, &ce) && ce.Code == cheetah.CodeInvalidRequest {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && len(pg.Code) == 5 {
+		switch pg.Code[:2] {
+		case "22", // data exception
+			"23", // integrity constraint violation
+			"42": // syntax error or access rule violation
+			return true
+		}
+		return false
+	}
+	var se *sqlitedriver.Error
+	if errors.As(err, &se) {
+		// The primary result code is the low byte of an extended one.
+		switch se.Code() & 0xff {
+		case 1, // SQLITE_ERROR: a bad statement or schema
+			18, // SQLITE_TOOBIG
+			19, // SQLITE_CONSTRAINT
+			20, // SQLITE_MISMATCH
+			25: // SQLITE_RANGE
+			return true
+		}
+	}
+	return false
+}
+
+// utc normalises a time for storage: UTC, microsecond precision, the
+// precision PostgreSQL keeps, so both dialects return the same value.
+func utc(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil || t.IsZero() {
+		return nil
+	}
+	u := utc(*t)
+	return &u
+}

@@ -1,0 +1,198 @@
+package history_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	historytest.Run(t, func(t *testing.T) *history.Store { return historytest.NewSQLite(t) })
+}
+
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	historytest.Run(t, func(t *testing.T) *history.Store { return historytest.NewPostgres(t) })
+}
+
+func TestOpenDefaultsToSQLiteInDataDir(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := history.Open(t.Context(), history.Config{DataDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Equal(t, history.DialectSQLite, s.Dialect())
+	require.NoError(t, s.Ping(t.Context()))
+
+	info, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+	require.FileExists(t, filepath.Join(dir, "cheetah.db"))
+	require.FileExists(t, filepath.Join(dir, "cheetah.db-migrate.lock"))
+
+	// The pragmas the durability promise rests on are in force.
+	db, err := sql.Open("sqlite", filepath.Join(dir, "cheetah.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	var mode string
+	require.NoError(t, db.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.Equal(t, "wal", mode)
+}
+
+func TestOpenFileURL(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "other.db")
+	s, err := history.Open(t.Context(), history.Config{DatabaseURL: "file:" + path, DataDir: t.TempDir()})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.FileExists(t, path)
+}
+
+func TestOpenRefusesUnknownURL(t *testing.T) {
+	t.Parallel()
+	_, err := history.Open(t.Context(), history.Config{DatabaseURL: "mysql://root:secret@db/x", DataDir: t.TempDir()})
+	require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+	require.NotContains(t, err.Error(), "secret", "a URL's password is never repeated")
+}
+
+func TestOpenUnreachablePostgres(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := history.Open(ctx, history.Config{DatabaseURL: "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", DataDir: t.TempDir()})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+}
+
+// TestPostgresGoesAway drops the database under an open store: reads and
+// writes then fail as store_unavailable, the broker's 503, not as bad input.
+func TestPostgresGoesAway(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := historytest.NewPostgres(t)
+	var name string
+	require.NoError(t, historytest.DB(t, s).QueryRowContext(ctx, "SELECT current_database()").Scan(&name))
+	admin, err := sql.Open("pgx", historytest.ServerURL())
+	require.NoError(t, err)
+	defer admin.Close()
+	_, err = admin.ExecContext(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+	require.NoError(t, err)
+
+	rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "usr_1111", ResponseMode: cheetah.ModeRPC}
+	err = s.Write(ctx, history.InsertCommand{Rec: rec})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	_, err = s.Get(ctx, rec.UserID, rec.CommandID)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	require.ErrorIs(t, s.Ping(ctx), cheetah.ErrStoreUnavailable)
+}
+
+// TestConcurrentOpen opens several stores on one new database at once, as
+// processes starting together would: the migration lock lets exactly one
+// migrate and the others find the schema ready.
+func TestConcurrentOpen(t *testing.T) {
+	t.Parallel()
+	for name, newURL := range map[string]func(*testing.T) string{
+		"sqlite":   func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "shared.db") },
+		"postgres": func(t *testing.T) string { return historytest.EmptyPostgres(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			url := newURL(t)
+			const n = 4
+			stores := make([]*history.Store, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					stores[i], errs[i] = history.Open(t.Context(), history.Config{DatabaseURL: url, DataDir: t.TempDir()})
+				})
+			}
+			wg.Wait()
+			for i := range n {
+				if stores[i] != nil {
+					t.Cleanup(func() { require.NoError(t, stores[i].Close()) })
+				}
+			}
+			for i := range n {
+				require.NoError(t, errs[i])
+			}
+			// Each store works and sees the others' writes.
+			for i, s := range stores {
+				rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "usr_1111", ResponseMode: cheetah.ModeRPC}
+				require.NoError(t, s.Write(t.Context(), history.InsertCommand{Rec: rec}), "store %d", i)
+				_, err := stores[(i+1)%n].Get(t.Context(), rec.UserID, rec.CommandID)
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+// BenchmarkGroupCommit measures what a busy broker does: many callers each
+// admitting a command and recording a message, each waiting for durability.
+func BenchmarkGroupCommit(b *testing.B) {
+	for name, open := range map[string]func(testing.TB) *history.Store{
+		"sqlite":   historytest.NewSQLite,
+		"postgres": historytest.NewPostgres,
+	} {
+		b.Run(name, func(b *testing.B) {
+			s := open(b)
+			ctx := b.Context()
+			before := s.Stats()
+			b.SetParallelism(16) // 16 callers per CPU
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					id := uuid.Must(uuid.NewV7()).String()
+					err := s.Write(ctx,
+						history.InsertCommand{Rec: cheetah.CommandRecord{
+							CommandID: id, UserID: "usr_1111", ClientID: "ext-1", ContextID: "tab-1", TaskID: "t",
+							Name: "navigate", Params: json.RawMessage(`{"url":"https://example.com/"}`),
+							ResponseMode: cheetah.ModeRPC, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
+						}},
+						history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindAck}},
+					)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			st := s.Stats()
+			if batches := st.Batches - before.Batches; batches > 0 {
+				b.ReportMetric(float64(st.Ops-before.Ops)/float64(batches), "ops/commit")
+			}
+		})
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	cfg := history.Config{DatabaseURL: "sqlite://" + filepath.Join(t.TempDir(), "m.db"), DataDir: t.TempDir()}
+	st, err := history.MigrationStatus(t.Context(), cfg)
+	require.NoError(t, err)
+	require.False(t, st[0].Applied)
+	st, err = history.Migrate(t.Context(), cfg)
+	require.NoError(t, err)
+	for _, v := range st {
+		require.True(t, v.Applied, v.Name)
+	}
+	s, err := history.Open(t.Context(), cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+}

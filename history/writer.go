@@ -1,0 +1,367 @@
+package history
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+)
+
+// Op is one write. The writer applies the ops of many callers in one
+// transaction.
+type Op interface{ isOp() }
+
+// InsertCommand stores a new command. Its status is admitted unless
+// Rec.Status is set. Rec.Messages and Rec.Delivery are ignored: messages are
+// appended with AppendMessage, and a delivery starts at zero attempts.
+type InsertCommand struct {
+	Rec         cheetah.CommandRecord
+	CallbackURL string
+}
+
+// SetStatus moves a command forward. It applies only where the stored
+// status ranks lower than the new one, so a command never goes back and the
+// first terminal status wins; a SetStatus that does not apply, or names an
+// unknown command, changes nothing and is not an error. It sets dispatched_at
+// for dispatched, acked_at for acknowledged and finished_at for a terminal
+// status (At, or now when zero), and the error when Error is set.
+type SetStatus struct {
+	CommandID string
+	Status    cheetah.Status
+	Error     *cheetah.ErrorInfo
+	At        time.Time
+}
+
+// AppendMessage records one message about a command. Msg.Seq is ignored: the
+// store numbers each command's messages 1, 2, 3… in the order they are
+// enqueued. For a capture, Bytes holds the decoded bytes and Msg.Data must
+// be empty; other kinds must leave Bytes nil. Msg.Late is stored as given
+// (the broker knows whether the command had ended). A zero Msg.At means now.
+// A message for an unknown command fails its request.
+type AppendMessage struct {
+	CommandID string
+	Msg       cheetah.Message
+	Bytes     []byte
+}
+
+// SetDelivery records the state of a command's webhook delivery.
+type SetDelivery struct {
+	CommandID string
+	Attempts  int
+	Delivered bool
+	LastError string
+}
+
+func (InsertCommand) isOp() {}
+func (SetStatus) isOp()     {}
+func (AppendMessage) isOp() {}
+func (SetDelivery) isOp()   {}
+
+// request is what one Write or WriteAsync call enqueued. Its ops commit
+// together, in one transaction, or not at all.
+type request struct {
+	ops  []Op
+	done func(error)
+}
+
+// Stats counts what the writer committed, for metrics and for tests that
+// check that group commit groups.
+type Stats struct {
+	Batches int64 // transactions committed
+	Ops     int64 // ops committed
+	Retries int64 // batches that failed and were retried one request at a time
+}
+
+type stats struct{ batches, ops, retries atomic.Int64 }
+
+// Stats returns the writer's counters since Open.
+func (s *Store) Stats() Stats {
+	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load()}
+}
+
+// Write enqueues ops and waits until the transaction holding them has
+// committed or failed. The ops commit together or not at all, and after
+// everything enqueued before them, so Write with no ops waits for all
+// earlier writes. ctx bounds only the wait: once enqueued, the ops are
+// written even if ctx ends first.
+func (s *Store) Write(ctx context.Context, ops ...Op) error {
+	if err := validate(ops); err != nil {
+		return err
+	}
+	res := make(chan error, 1)
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return cheetah.StoreUnavailable("history.Write", ErrClosed)
+	}
+	select {
+	case s.queue <- request{ops: ops, done: func(err error) { res <- err }}:
+		s.mu.RUnlock()
+	case <-ctx.Done():
+		s.mu.RUnlock()
+		return fmt.Errorf("history.Write: %w", ctx.Err())
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("history.Write: %w", ctx.Err())
+	}
+}
+
+// WriteAsync enqueues ops and returns; it blocks only while the queue is
+// full. done, if not nil, runs on the writer goroutine once the ops have
+// committed or failed. It must not block, and so must not call Write or
+// WriteAsync: with the queue full, the writer would wait on itself. If the
+// store is closed or an op is invalid, done runs on a goroutine of its own,
+// so that a caller holding a lock that done takes cannot deadlock.
+func (s *Store) WriteAsync(done func(error), ops ...Op) {
+	if done == nil {
+		done = func(error) {}
+	}
+	if err := validate(ops); err != nil {
+		go done(err)
+		return
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		go done(cheetah.StoreUnavailable("history.WriteAsync", ErrClosed))
+		return
+	}
+	s.queue <- request{ops: ops, done: done}
+}
+
+// validate refuses ops the writer could only fail on, before they can share
+// a transaction with anyone.
+func validate(ops []Op) error {
+	for _, op := range ops {
+		var id string
+		switch o := op.(type) {
+		case InsertCommand:
+			id = o.Rec.CommandID
+			if o.Rec.Status != "" && o.Rec.Status.Rank() < 0 {
+				return cheetah.Invalidf("history: unknown status %q", o.Rec.Status)
+			}
+		case SetStatus:
+			id = o.CommandID
+			if o.Status.Rank() < 0 {
+				return cheetah.Invalidf("history: unknown status %q", o.Status)
+			}
+		case AppendMessage:
+			id = o.CommandID
+			capture := o.Msg.Kind == cheetah.KindCapture
+			if capture && len(o.Msg.Data) > 0 {
+				return cheetah.Invalidf("history: a capture's bytes go in AppendMessage.Bytes, not Msg.Data")
+			}
+			if !capture && o.Bytes != nil {
+				return cheetah.Invalidf("history: only a capture carries Bytes")
+			}
+		case SetDelivery:
+			id = o.CommandID
+		default:
+			return cheetah.Invalidf("history: unknown op %T", op)
+		}
+		if id == "" {
+			return cheetah.Invalidf("history: %T without a command id", op)
+		}
+	}
+	return nil
+}
+
+// run is the writer goroutine. It takes whatever is queued, up to the batch
+// size, commits it in one transaction, and repeats: while one commit is in
+// flight the next batch accumulates, which is what makes group commit pay.
+// It returns when Close has closed the queue and everything queued is
+// written.
+func (s *Store) run() {
+	defer close(s.stopped)
+	for first := range s.queue {
+		batch := []request{first}
+		n := len(first.ops)
+	fill:
+		for n < s.batch {
+			select {
+			case r, ok := <-s.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+				n += len(r.ops)
+			default:
+				break fill
+			}
+		}
+		s.commit(batch)
+	}
+}
+
+// commit writes a batch in one transaction. If that fails, it retries each
+// request alone, in order, so that one bad op (a duplicate id, a message for
+// an unknown command) fails only its own caller. When a retry shows that the
+// database itself is failing, the rest get that error without more tries.
+func (s *Store) commit(batch []request) {
+	var ops []Op
+	for _, r := range batch {
+		ops = append(ops, r.ops...)
+	}
+	err := s.apply(ops)
+	if err == nil || len(batch) == 1 {
+		for _, r := range batch {
+			r.done(err)
+		}
+		return
+	}
+	s.stats.retries.Add(1)
+	s.log.Warn("history: group commit failed, retrying its requests one by one",
+		"requests", len(batch), "ops", len(ops), "error", err)
+	var down error
+	for _, r := range batch {
+		if down != nil {
+			r.done(down)
+			continue
+		}
+		err := s.apply(r.ops)
+		if errors.Is(err, cheetah.ErrStoreUnavailable) {
+			down = err
+		}
+		r.done(err)
+	}
+}
+
+// apply runs ops in one transaction and returns the first error, wrapped
+// with the failing op's name.
+//
+// Within the transaction, ops are grouped by kind rather than run one by one:
+// all inserts in one multi-row INSERT, then the status changes in enqueue
+// order, then all messages in one multi-row INSERT. Nobody sees the
+// transaction until it commits, so this gives the same result as running the
+// ops in order: a command's insert precedes its status and messages, status
+// changes keep their order (the first terminal wins), and messages keep
+// their order (their seq).
+func (s *Store) apply(ops []Op) error {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	var (
+		cmds       []commandRow
+		statuses   []SetStatus
+		msgs       []AppendMessage
+		deliveries []SetDelivery
+	)
+	for _, op := range ops {
+		switch o := op.(type) {
+		case InsertCommand:
+			cmds = append(cmds, newCommandRow(o))
+		case SetStatus:
+			statuses = append(statuses, o)
+		case AppendMessage:
+			msgs = append(msgs, o)
+		case SetDelivery:
+			deliveries = append(deliveries, o)
+		}
+	}
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if len(cmds) > 0 {
+			// Chunks keep a statement under the dialects' bind-parameter
+			// limits (65535 for PostgreSQL, 32766 for SQLite) whatever
+			// BatchSize is.
+			if err := tx.CreateInBatches(cmds, 500).Error; err != nil {
+				return fail("history.InsertCommand", err)
+			}
+		}
+		for _, st := range statuses {
+			if err := setStatus(tx, st); err != nil {
+				return fail("history.SetStatus", err)
+			}
+		}
+		if len(msgs) > 0 {
+			if err := appendMessages(tx, msgs); err != nil {
+				return fail("history.AppendMessage", err)
+			}
+		}
+		for _, d := range deliveries {
+			err := tx.Model(&commandRow{}).Where("command_id = ?", d.CommandID).Updates(map[string]any{
+				"delivery_attempts":   d.Attempts,
+				"delivered":           d.Delivered,
+				"delivery_last_error": text(d.LastError),
+			}).Error
+			if err != nil {
+				return fail("history.SetDelivery", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, cheetah.ErrStoreUnavailable) && !errors.Is(err, cheetah.ErrInvalidRequest) && !isRefused(err) {
+			// The commit itself failed, or BEGIN did: the database did not
+			// answer.
+			err = cheetah.StoreUnavailable("history.commit", err)
+		}
+		return err
+	}
+	s.stats.batches.Add(1)
+	s.stats.ops.Add(int64(len(ops)))
+	return nil
+}
+
+func setStatus(tx *gorm.DB, st SetStatus) error {
+	rank := st.Status.Rank()
+	at := st.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	set := map[string]any{"status": string(st.Status), "status_rank": rank}
+	switch rank {
+	case 1:
+		set["dispatched_at"] = utc(at)
+	case 2:
+		set["acked_at"] = utc(at)
+	case 3:
+		set["finished_at"] = utc(at)
+	}
+	if e := st.Error; e != nil {
+		set["error_code"], set["error_message"], set["error_data"] = e.Code, text(e.Message), jsonText(e.Data)
+	}
+	return tx.Model(&commandRow{}).Where("command_id = ? AND status_rank < ?", st.CommandID, rank).Updates(set).Error
+}
+
+// appendMessages numbers the messages and inserts them. One query reads the
+// current last seq of every command in the batch; the rest is counting in
+// Go. This runs in the writer's transaction, and this process has one
+// writer, so nobody numbers the same command at the same time. (Two brokers
+// writing one command's messages would collide on the primary key and the
+// loser's request would fail; a command's messages come from the one
+// connection its client holds.)
+func appendMessages(tx *gorm.DB, msgs []AppendMessage) error {
+	ids := make([]string, 0, len(msgs))
+	last := make(map[string]int64, len(msgs))
+	for _, m := range msgs {
+		if _, ok := last[m.CommandID]; !ok {
+			last[m.CommandID] = 0
+			ids = append(ids, m.CommandID)
+		}
+	}
+	var maxes []struct {
+		CommandID string
+		Seq       int64
+	}
+	err := tx.Raw("SELECT command_id, MAX(seq) AS seq FROM messages WHERE command_id IN ? GROUP BY command_id", ids).
+		Scan(&maxes).Error
+	if err != nil {
+		return err
+	}
+	for _, m := range maxes {
+		last[m.CommandID] = m.Seq
+	}
+	rows := make([]messageRow, 0, len(msgs))
+	for _, m := range msgs {
+		last[m.CommandID]++
+		rows = append(rows, newMessageRow(m, last[m.CommandID]))
+	}
+	return tx.CreateInBatches(rows, 1000).Error
+}

@@ -1,0 +1,250 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strconv"
+)
+
+// Encode returns the JSON text of f, with its "type" first. It refuses, with
+// the same *MalformedError Decode would return, a frame that Decode would
+// refuse, so that neither side ever sends what the other must reject.
+//
+// Encode writes opaque fields (data, params, target, options) byte for byte.
+// encoding/json would compact them and escape <, > and &, and the protocol
+// promises to pass the caller's bytes through unchanged.
+func Encode(f Frame) ([]byte, error) {
+	// Every Frame is a pointer, so a nil one is the only way to get here
+	// without a frame.
+	if f == nil || reflect.ValueOf(f).IsNil() {
+		return nil, errors.New("protocol: encode: nil frame")
+	}
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	w := &writer{}
+	w.begin()
+	w.str("type", string(f.FrameType()))
+	f.encode(w)
+	w.end()
+	return w.buf, nil
+}
+
+// writer appends the members of JSON objects. It knows nothing of frames;
+// each frame's encode method lists its members, in the order of its struct.
+type writer struct {
+	buf   []byte
+	comma bool // whether the next member needs a separating comma
+}
+
+func (w *writer) begin() { w.buf = append(w.buf, '{'); w.comma = false }
+func (w *writer) end()   { w.buf = append(w.buf, '}'); w.comma = true }
+
+// key writes a member name. Names are constants of this package, plain
+// ASCII, so they need no escaping.
+func (w *writer) key(name string) {
+	if w.comma {
+		w.buf = append(w.buf, ',')
+	}
+	w.buf = append(w.buf, '"')
+	w.buf = append(w.buf, name...)
+	w.buf = append(w.buf, '"', ':')
+	w.comma = true
+}
+
+func (w *writer) str(name, v string) {
+	w.key(name)
+	w.buf = appendJSON(w.buf, v)
+}
+
+// optStr writes a string member that is omitted when empty.
+func (w *writer) optStr(name, v string) {
+	if v != "" {
+		w.str(name, v)
+	}
+}
+
+func (w *writer) int(name string, v int64) {
+	w.key(name)
+	w.buf = strconv.AppendInt(w.buf, v, 10)
+}
+
+// optInt writes an integer member that is omitted when zero.
+func (w *writer) optInt(name string, v int64) {
+	if v != 0 {
+		w.int(name, v)
+	}
+}
+
+// raw writes opaque data as it is; nil or empty means absent.
+func (w *writer) raw(name string, v json.RawMessage) {
+	if len(v) > 0 {
+		w.key(name)
+		w.buf = append(w.buf, v...)
+	}
+}
+
+// labels writes a label map, omitted only when nil: an empty map stays {},
+// so that a decoded frame encodes to what it was decoded from.
+func (w *writer) labels(name string, m map[string]string) {
+	if m != nil {
+		w.key(name)
+		w.buf = appendJSON(w.buf, m) // map keys come out sorted
+	}
+}
+
+// appendJSON appends v, a string or a map of strings, as JSON. Marshalling
+// those cannot fail, which is why the error is dropped.
+func appendJSON(buf []byte, v any) []byte {
+	b, _ := json.Marshal(v)
+	return append(buf, b...)
+}
+
+func (f *Hello) encode(w *writer) {
+	w.int("protocol", int64(f.Protocol))
+	w.str("token", f.Token)
+	w.str("client_id", f.ClientID)
+	w.str("client_type", string(f.ClientType))
+	w.optStr("name", f.Name)
+	w.optStr("version", f.Version)
+	w.labels("labels", f.Labels)
+	if f.Capacity != nil {
+		w.key("capacity")
+		w.begin()
+		w.int("max_contexts", int64(f.Capacity.MaxContexts))
+		w.end()
+	}
+}
+
+func (f *State) encode(w *writer) {
+	w.key("contexts")
+	w.buf = append(w.buf, '[')
+	for i, c := range f.Contexts {
+		if i > 0 {
+			w.buf = append(w.buf, ',')
+		}
+		w.begin()
+		w.str("context_id", c.ContextID)
+		w.optStr("tab_id", c.TabID)
+		w.str("owner", string(c.Owner))
+		w.optStr("url", c.URL)
+		w.optStr("title", c.Title)
+		w.labels("labels", c.Labels)
+		w.end()
+	}
+	w.buf = append(w.buf, ']')
+}
+
+func (f *Ack) encode(w *writer) { w.str("command_id", f.CommandID) }
+
+func (f *Progress) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.raw("data", f.Data)
+}
+
+func (f *Event) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.str("name", f.Name)
+	w.raw("data", f.Data)
+}
+
+func (f *Capture) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.str("mime", f.MIME)
+	w.str("data", f.Data)
+}
+
+func (f *Result) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.raw("data", f.Data)
+}
+
+func (f *Error) encode(w *writer) {
+	w.optStr("command_id", f.CommandID)
+	w.str("code", string(f.Code))
+	w.optStr("message", f.Message)
+	w.raw("data", f.Data)
+}
+
+func (*Ping) encode(*writer) {}
+
+func (f *Welcome) encode(w *writer) {
+	w.int("protocol", int64(f.Protocol))
+	w.str("session_id", f.SessionID)
+	w.str("user_id", f.UserID)
+	w.int("heartbeat_s", int64(f.HeartbeatS))
+	w.int("max_message_bytes", f.MaxMessageBytes)
+}
+
+func (f *Command) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.str("context_id", f.ContextID)
+	w.str("task_id", f.TaskID)
+	w.int("epoch", f.Epoch)
+	w.str("name", f.Name)
+	w.raw("params", f.Params)
+	w.raw("target", f.Target)
+	w.str("response_mode", string(f.ResponseMode))
+	w.optInt("timeout_ms", f.TimeoutMS)
+	w.raw("options", f.Options)
+	w.optStr("traceparent", f.Traceparent)
+}
+
+func (f *Cancel) encode(w *writer) {
+	w.str("command_id", f.CommandID)
+	w.optStr("reason", f.Reason)
+}
+
+func (f *Assignment) encode(w *writer) {
+	w.str("context_id", f.ContextID)
+	w.str("task_id", f.TaskID)
+	w.int("epoch", f.Epoch)
+	w.str("state", string(f.State))
+}
+
+func (*Pong) encode(*writer) {}
+
+// MarshalJSON makes encoding/json (and anything built on it, such as a
+// WebSocket library's JSON helper) write the frame as Encode does, with its
+// type. Prefer Encode: encoding/json compacts opaque fields afterwards.
+func (f Hello) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f State) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Ack) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Progress) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Event) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Capture) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Result) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Error) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Ping) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Welcome) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Command) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Cancel) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Assignment) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Pong) MarshalJSON() ([]byte, error) { return Encode(&f) }

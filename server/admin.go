@@ -1,0 +1,53 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/server/auth"
+)
+
+func (s *Server) createKey(c *gin.Context) {
+	var b struct {
+		Kind   auth.Kind `json:"kind"`
+		UserID string    `json:"user_id"`
+		Name   string    `json:"name"`
+	}
+	if !s.bind(c, &b) {
+		return
+	}
+	created, err := s.keys.Create(c.Request.Context(), b.Kind, b.UserID, b.Name)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusCreated, created)
+}
+
+func (s *Server) listKeys(c *gin.Context) {
+	keys, err := s.keys.List(c.Request.Context())
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"keys": keys})
+}
+
+// revokeKey revokes a key and disconnects its clients with 4403.
+func (s *Server) revokeKey(c *gin.Context) {
+	id := c.Param("id")
+	ok, err := s.keys.Revoke(c.Request.Context(), id)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	if !ok {
+		s.fail(c, cheetah.NotFoundf("no active key %q", id))
+		return
+	}
+	n := s.reg.DisconnectKey(id, protocol.CloseForbidden, "the client key was revoked")
+	c.JSON(http.StatusOK, gin.H{"revoked": true, "disconnected": n})
+}

@@ -1,0 +1,408 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/server/auth"
+)
+
+const keyCtx = "cheetah.key"
+
+func (s *Server) routes() *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	g := gin.New()
+	g.Use(gin.Recovery(), s.logRequests)
+	g.GET("/ws/v1/client", func(c *gin.Context) { s.handleClient(c.Writer, c.Request) })
+	g.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	g.GET("/readyz", s.readyz)
+
+	api := g.Group("/api/v1", s.authenticate(auth.App, auth.Admin))
+	api.POST("/acquire", s.acquire)
+	api.POST("/commands", s.sendCommand)
+	api.POST("/commands/wait", s.sendAndWait)
+	api.POST("/lease/renew", s.renew)
+	api.POST("/lease/release", s.release)
+	api.POST("/lease/release-all", s.releaseAll)
+	api.GET("/users/:user_id/contexts/available", s.available)
+	api.GET("/users/:user_id/tasks/:task_id/leases", s.taskLeases)
+	api.GET("/users/:user_id/commands/:command_id", s.readCommand)
+	api.GET("/users/:user_id/commands", s.listCommands)
+
+	admin := g.Group("/api/v1/admin", s.authenticate(auth.Admin))
+	admin.POST("/keys", s.createKey)
+	admin.GET("/keys", s.listKeys)
+	admin.DELETE("/keys/:id", s.revokeKey)
+
+	g.NoRoute(func(c *gin.Context) { s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
+	return g
+}
+
+// logRequests logs each request at debug, never its headers: they carry keys
+// and lease tokens.
+func (s *Server) logRequests(c *gin.Context) {
+	start := s.clock.Now()
+	c.Next()
+	if c.Request.URL.Path == "/ws/v1/client" {
+		return
+	}
+	s.log.Debug("http", "method", c.Request.Method, "path", c.FullPath(), "status", c.Writer.Status(),
+		"ms", s.clock.Since(start).Milliseconds())
+}
+
+func (s *Server) readyz(c *gin.Context) {
+	if err := s.store.Ping(c.Request.Context()); err != nil {
+		s.fail(c, cheetah.StoreUnavailable("readyz", err))
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"status": "ready"})
+}
+
+// authenticate admits requests whose bearer key is of one of kinds.
+func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		h := c.GetHeader("Authorization")
+		token, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || token == "" {
+			s.fail(c, &cheetah.Error{Code: cheetah.CodeUnauthorized, Message: "an Authorization: Bearer key is required"})
+			return
+		}
+		key, err := s.keys.Verify(c.Request.Context(), token)
+		if err != nil {
+			if !errors.Is(err, cheetah.ErrUnauthorized) {
+				s.fail(c, cheetah.StoreUnavailable("verify key", err))
+				return
+			}
+			s.fail(c, &cheetah.Error{Code: cheetah.CodeUnauthorized, Message: "the key is not valid"})
+			return
+		}
+		for _, k := range kinds {
+			if key.Kind == k {
+				c.Set(keyCtx, key)
+				c.Next()
+				return
+			}
+		}
+		s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: fmt.Sprintf("a %s key may not do this", key.Kind)})
+	}
+}
+
+var statusOf = map[string]int{
+	cheetah.CodeInvalidRequest:     http.StatusBadRequest,
+	cheetah.CodeUnauthorized:       http.StatusUnauthorized,
+	cheetah.CodeForbidden:          http.StatusForbidden,
+	cheetah.CodeNotFound:           http.StatusNotFound,
+	cheetah.CodeNoContextAvailable: http.StatusConflict,
+	cheetah.CodePayloadTooLarge:    http.StatusRequestEntityTooLarge,
+	cheetah.CodeLeaseLost:          http.StatusLocked,
+	cheetah.CodeRateLimited:        http.StatusTooManyRequests,
+	cheetah.CodeStoreUnavailable:   http.StatusServiceUnavailable,
+	cheetah.CodeOverloaded:         http.StatusServiceUnavailable,
+}
+
+// errorBody is the one error envelope of the API.
+type errorBody struct {
+	Error errorInfo `json:"error"`
+}
+
+type errorInfo struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Reason  string         `json:"reason,omitempty"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// fail answers err in the envelope. An error of no known kind is logged and
+// answered as a 500 without its text.
+func (s *Server) fail(c *gin.Context, err error) {
+	code, reason, msg := cheetah.Classify(err)
+	status, ok := statusOf[code]
+	if !ok {
+		s.log.Error("internal error", "path", c.FullPath(), "err", err)
+		code, status, msg = "internal", http.StatusInternalServerError, "internal error"
+	}
+	if code == cheetah.CodeStoreUnavailable {
+		s.log.Warn("store unavailable", "path", c.FullPath(), "err", err)
+	}
+	c.AbortWithStatusJSON(status, errorBody{Error: errorInfo{Code: code, Message: msg, Reason: reason}})
+}
+
+// bind decodes a JSON body strictly: unknown fields and trailing data are
+// invalid, and a body over the limit is payload_too_large. An empty body is
+// an empty object.
+func (s *Server) bind(c *gin.Context, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.fail(c, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", s.cfg.MaxBodyBytes)})
+			return false
+		}
+		s.fail(c, cheetah.Invalidf("read body: %v", err))
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		s.fail(c, cheetah.Invalidf("body: %v", err))
+		return false
+	}
+	if dec.More() {
+		s.fail(c, cheetah.Invalidf("body: more than one JSON value"))
+		return false
+	}
+	return true
+}
+
+type acquireBody struct {
+	UserID     string             `json:"user_id"`
+	TaskID     string             `json:"task_id"`
+	ClientType cheetah.ClientType `json:"client_type"`
+	ClientID   string             `json:"client_id"`
+	Labels     map[string]string  `json:"labels"`
+	TTLS       *int64             `json:"ttl_s"`
+	WaitMS     *int64             `json:"wait_ms"`
+	RenewOnUse *bool              `json:"renew_on_use"`
+}
+
+func (s *Server) acquire(c *gin.Context) {
+	var b acquireBody
+	if !s.bind(c, &b) {
+		return
+	}
+	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
+		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse}
+	if b.TTLS != nil {
+		if *b.TTLS < 1 || *b.TTLS > 3600 {
+			s.fail(c, cheetah.Invalidf("ttl_s must be from 1 to 3600"))
+			return
+		}
+		req.TTL = time.Duration(*b.TTLS) * time.Second
+	}
+	if b.WaitMS != nil {
+		if *b.WaitMS < 0 || *b.WaitMS > 60000 {
+			s.fail(c, cheetah.Invalidf("wait_ms must be from 0 to 60000"))
+			return
+		}
+		req.Wait = time.Duration(*b.WaitMS) * time.Millisecond
+	}
+	l, err := s.reg.Acquire(c.Request.Context(), req)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusCreated, gin.H{"lease": l})
+}
+
+type commandBody struct {
+	Name         string               `json:"name"`
+	Params       json.RawMessage      `json:"params"`
+	Target       json.RawMessage      `json:"target"`
+	Options      json.RawMessage      `json:"options"`
+	ResponseMode cheetah.ResponseMode `json:"response_mode"`
+	TimeoutMS    *int64               `json:"timeout_ms"`
+}
+
+// commandRequest reads the lease header and the command body.
+func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (cheetah.Lease, cheetah.Command, cheetah.SendOptions, bool) {
+	lease, ok := s.leaseHeader(c)
+	if !ok {
+		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+	}
+	if c.GetHeader("X-Callback-Url") != "" {
+		s.fail(c, cheetah.Invalidf("X-Callback-Url: webhook delivery is not enabled on this broker"))
+		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+	}
+	var b commandBody
+	if !s.bind(c, &b) {
+		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+	}
+	so := cheetah.SendOptions{Target: nullIsAbsent(b.Target), Options: nullIsAbsent(b.Options), ResponseMode: mode}
+	if b.ResponseMode != "" {
+		so.ResponseMode = b.ResponseMode
+	}
+	if b.TimeoutMS != nil {
+		if *b.TimeoutMS < 1 {
+			s.fail(c, cheetah.Invalidf("timeout_ms must be at least 1"))
+			return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+		}
+		so.Timeout = time.Duration(*b.TimeoutMS) * time.Millisecond
+	}
+	cmd := cheetah.Command{Name: b.Name}
+	if p := nullIsAbsent(b.Params); p != nil {
+		cmd.Params = p
+	}
+	return lease, cmd, so, true
+}
+
+func nullIsAbsent(m json.RawMessage) json.RawMessage {
+	if len(m) == 0 || string(bytes.TrimSpace(m)) == "null" {
+		return nil
+	}
+	return m
+}
+
+func (s *Server) leaseHeader(c *gin.Context) (cheetah.Lease, bool) {
+	token := c.GetHeader("X-Lease")
+	if token == "" {
+		s.fail(c, cheetah.Invalidf("the X-Lease header is required"))
+		return cheetah.Lease{}, false
+	}
+	return cheetah.Lease{LeaseToken: token}, true
+}
+
+func (s *Server) sendCommand(c *gin.Context) {
+	lease, cmd, so, ok := s.commandRequest(c, cheetah.ModeAsync)
+	if !ok {
+		return
+	}
+	sent, err := s.reg.Send(c.Request.Context(), lease, cmd, so)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusAccepted, sent)
+}
+
+// sendAndWait holds the request open until the command resolves. A caller
+// that closes the request is a caller that went away: the command ends
+// cancelled and the lease keeps nothing of the wait.
+func (s *Server) sendAndWait(c *gin.Context) {
+	lease, cmd, so, ok := s.commandRequest(c, cheetah.ModeRPC)
+	if !ok {
+		return
+	}
+	res, err := s.reg.SendAndWait(c.Request.Context(), lease, cmd, so)
+	if err != nil {
+		if c.Request.Context().Err() != nil {
+			return // nobody is listening
+		}
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"resolution": res})
+}
+
+func (s *Server) renew(c *gin.Context) {
+	lease, ok := s.leaseHeader(c)
+	if !ok {
+		return
+	}
+	var b struct {
+		TTLS *int64 `json:"ttl_s"`
+	}
+	if !s.bind(c, &b) {
+		return
+	}
+	var ttl time.Duration
+	if b.TTLS != nil {
+		if *b.TTLS < 1 || *b.TTLS > 3600 {
+			s.fail(c, cheetah.Invalidf("ttl_s must be from 1 to 3600"))
+			return
+		}
+		ttl = time.Duration(*b.TTLS) * time.Second
+	}
+	l, err := s.reg.Renew(c.Request.Context(), lease, ttl)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"lease": l})
+}
+
+func (s *Server) release(c *gin.Context) {
+	lease, ok := s.leaseHeader(c)
+	if !ok {
+		return
+	}
+	released, err := s.reg.Release(c.Request.Context(), lease)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"released": released})
+}
+
+// MaxReleaseAll bounds the tokens of one release-all request.
+const MaxReleaseAll = 1000
+
+func (s *Server) releaseAll(c *gin.Context) {
+	var b struct {
+		LeaseTokens []string `json:"lease_tokens"`
+	}
+	if !s.bind(c, &b) {
+		return
+	}
+	if b.LeaseTokens == nil {
+		s.fail(c, cheetah.Invalidf("lease_tokens is required"))
+		return
+	}
+	if len(b.LeaseTokens) > MaxReleaseAll {
+		s.fail(c, cheetah.Invalidf("at most %d lease_tokens", MaxReleaseAll))
+		return
+	}
+	n, err := s.reg.ReleaseAll(c.Request.Context(), b.LeaseTokens)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"released": n})
+}
+
+func (s *Server) available(c *gin.Context) {
+	ctxs, err := s.reg.ListAvailable(c.Request.Context(), c.Param("user_id"), cheetah.ClientType(c.Query("client_type")))
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"contexts": ctxs})
+}
+
+func (s *Server) taskLeases(c *gin.Context) {
+	ls, err := s.reg.TaskContexts(c.Request.Context(), c.Param("user_id"), c.Param("task_id"))
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"leases": ls})
+}
+
+func (s *Server) readCommand(c *gin.Context) {
+	rec, err := s.reg.ReadCommand(c.Request.Context(), c.Param("user_id"), c.Param("command_id"))
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"command": rec})
+}
+
+func (s *Server) listCommands(c *gin.Context) {
+	q := cheetah.ListQuery{TaskID: c.Query("task_id"), Cursor: c.Query("cursor")}
+	if l := c.Query("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			s.fail(c, cheetah.Invalidf("limit must be a whole number from 1 to 500"))
+			return
+		}
+		q.Limit = n
+	}
+	page, err := s.reg.ListCommands(c.Request.Context(), c.Param("user_id"), q)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, page)
+}

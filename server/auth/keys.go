@@ -1,0 +1,237 @@
+// Package auth issues and checks the broker's API keys. A key is shown once,
+// when it is made; the store keeps only a SHA-256 of its secret part, and a
+// presented key is compared with that hash in constant time. Keys are long
+// random strings, so a fast hash is enough: there is nothing to brute-force.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Kind is what a key may do.
+type Kind string
+
+// Key kinds.
+const (
+	// Client keys are bound to one user and may only open a WebSocket.
+	Client Kind = "client"
+	// App keys act for any user: the trusted back end.
+	App Kind = "app"
+	// Admin keys may do everything, cross-user views included.
+	Admin Kind = "admin"
+)
+
+// BootstrapID is the id of the admin key given by CHEETAH_ADMIN_KEY, which
+// lives only in the process environment.
+const BootstrapID = "bootstrap"
+
+const prefix = "chk_"
+
+// Key describes a key, never its secret.
+type Key struct {
+	ID        string     `json:"id"`
+	Kind      Kind       `json:"kind"`
+	UserID    string     `json:"user_id,omitempty"`
+	Name      string     `json:"name"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// Created is the one answer that shows a key's secret and webhook secret.
+type Created struct {
+	Key
+	Secret        string `json:"key"`
+	WebhookSecret string `json:"webhook_secret,omitempty"`
+}
+
+// Store is the part of the history store that holds keys.
+type Store interface {
+	CreateKey(ctx context.Context, k history.Key) error
+	GetKey(ctx context.Context, id string) (history.Key, error)
+	ListKeys(ctx context.Context) ([]history.Key, error)
+	RevokeKey(ctx context.Context, id string, at time.Time) (bool, error)
+	CountActiveKeys(ctx context.Context, kind string) (int64, error)
+}
+
+// Keys issues and verifies keys. Verified keys are cached by id; revoking
+// through Keys drops the cache entry at once.
+type Keys struct {
+	store     Store
+	now       func() time.Time
+	bootstrap []byte // SHA-256 of CHEETAH_ADMIN_KEY, nil when unset
+
+	mu    sync.Mutex
+	cache map[string]history.Key
+}
+
+// New returns Keys over store. adminKey, when not empty, is an admin key.
+func New(store Store, adminKey string, now func() time.Time) *Keys {
+	k := &Keys{store: store, now: now, cache: map[string]history.Key{}}
+	if adminKey != "" {
+		h := sha256.Sum256([]byte(adminKey))
+		k.bootstrap = h[:]
+	}
+	return k
+}
+
+// HasBootstrap reports whether an admin key came from the environment.
+func (k *Keys) HasBootstrap() bool { return k.bootstrap != nil }
+
+// Create makes a key of kind for userID (client keys only) and returns it
+// with its secret, the only time the secret is shown.
+func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Created, error) {
+	switch kind {
+	case Client:
+		if !protocol.ValidID(userID) {
+			return Created{}, cheetah.Invalidf("a client key needs a valid user_id")
+		}
+	case App, Admin:
+		if userID != "" {
+			return Created{}, cheetah.Invalidf("an %s key acts for every user: leave user_id out", kind)
+		}
+	default:
+		return Created{}, cheetah.Invalidf("kind must be client, app or admin")
+	}
+	if len(name) > 128 {
+		return Created{}, cheetah.Invalidf("name must be at most 128 bytes")
+	}
+	id := hex.EncodeToString(random(6))
+	secret := base64.RawURLEncoding.EncodeToString(random(32))
+	sum := sha256.Sum256([]byte(secret))
+	rec := history.Key{ID: id, Kind: string(kind), UserID: userID, Name: name, Hash: sum[:], CreatedAt: k.now().UTC()}
+	if kind != Client {
+		rec.WebhookSecret = "whsec_" + base64.StdEncoding.EncodeToString(random(24))
+	}
+	if err := k.store.CreateKey(ctx, rec); err != nil {
+		return Created{}, fmt.Errorf("auth: create key: %w", err)
+	}
+	return Created{Key: toKey(rec), Secret: prefix + id + "_" + secret, WebhookSecret: rec.WebhookSecret}, nil
+}
+
+// Verify returns the key that token is, or an unauthorized error. It never
+// says which part was wrong.
+func (k *Keys) Verify(ctx context.Context, token string) (Key, error) {
+	if k.bootstrap != nil {
+		h := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(h[:], k.bootstrap) == 1 {
+			return Key{ID: BootstrapID, Kind: Admin, Name: "CHEETAH_ADMIN_KEY"}, nil
+		}
+	}
+	id, secret, ok := strings.Cut(strings.TrimPrefix(token, prefix), "_")
+	if !ok || !strings.HasPrefix(token, prefix) || id == "" {
+		return Key{}, cheetah.ErrUnauthorized
+	}
+	rec, err := k.get(ctx, id)
+	if err != nil {
+		return Key{}, err
+	}
+	sum := sha256.Sum256([]byte(secret))
+	if subtle.ConstantTimeCompare(sum[:], rec.Hash) != 1 || rec.RevokedAt != nil {
+		return Key{}, cheetah.ErrUnauthorized
+	}
+	return toKey(rec), nil
+}
+
+func (k *Keys) get(ctx context.Context, id string) (history.Key, error) {
+	k.mu.Lock()
+	rec, ok := k.cache[id]
+	k.mu.Unlock()
+	if ok {
+		return rec, nil
+	}
+	rec, err := k.store.GetKey(ctx, id)
+	switch {
+	case errors.Is(err, cheetah.ErrNotFound):
+		return history.Key{}, cheetah.ErrUnauthorized
+	case err != nil:
+		return history.Key{}, err
+	}
+	k.mu.Lock()
+	k.cache[id] = rec
+	k.mu.Unlock()
+	return rec, nil
+}
+
+// WebhookSecret returns the webhook secret of an app or admin key.
+func (k *Keys) WebhookSecret(ctx context.Context, id string) (string, error) {
+	if id == BootstrapID {
+		return "", nil
+	}
+	rec, err := k.get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return rec.WebhookSecret, nil
+}
+
+// List returns every key, revoked ones included, without secrets.
+func (k *Keys) List(ctx context.Context) ([]Key, error) {
+	recs, err := k.store.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("auth: list keys: %w", err)
+	}
+	out := make([]Key, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, toKey(r))
+	}
+	return out, nil
+}
+
+// Revoke revokes a key and reports whether it was active.
+func (k *Keys) Revoke(ctx context.Context, id string) (bool, error) {
+	ok, err := k.store.RevokeKey(ctx, id, k.now().UTC())
+	if err != nil {
+		return false, fmt.Errorf("auth: revoke key: %w", err)
+	}
+	k.mu.Lock()
+	delete(k.cache, id)
+	k.mu.Unlock()
+	return ok, nil
+}
+
+// EnsureAdmin makes an admin key when none came from the environment and
+// none is active in the store, and returns its secret to be shown once. It
+// returns "" when an admin key already exists.
+func (k *Keys) EnsureAdmin(ctx context.Context) (string, error) {
+	if k.bootstrap != nil {
+		return "", nil
+	}
+	n, err := k.store.CountActiveKeys(ctx, string(Admin))
+	if err != nil {
+		return "", fmt.Errorf("auth: count admin keys: %w", err)
+	}
+	if n > 0 {
+		return "", nil
+	}
+	c, err := k.Create(ctx, Admin, "", "first admin key")
+	if err != nil {
+		return "", err
+	}
+	return c.Secret, nil
+}
+
+func toKey(r history.Key) Key {
+	return Key{ID: r.ID, Kind: Kind(r.Kind), UserID: r.UserID, Name: r.Name, CreatedAt: r.CreatedAt, RevokedAt: r.RevokedAt}
+}
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("auth: crypto/rand: %v", err))
+	}
+	return b
+}

@@ -1,0 +1,101 @@
+package auth_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/server/auth"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func setup(t *testing.T, adminKey string) *auth.Keys {
+	t.Helper()
+	return auth.New(historytest.NewSQLite(t), adminKey, time.Now)
+}
+
+func TestCreateVerifyRevoke(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	k := setup(t, "")
+	c, err := k.Create(ctx, auth.Client, "usr_1", "laptop")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(c.Secret, "chk_"+c.ID+"_"))
+	require.Empty(t, c.WebhookSecret, "client keys sign nothing")
+
+	got, err := k.Verify(ctx, c.Secret)
+	require.NoError(t, err)
+	require.Equal(t, auth.Client, got.Kind)
+	require.Equal(t, "usr_1", got.UserID)
+
+	for _, bad := range []string{"", "chk_", "chk_" + c.ID, "chk_" + c.ID + "_wrong", c.Secret + "x", strings.TrimPrefix(c.Secret, "chk_"), "chk_ffffffffffff_" + strings.Split(c.Secret, "_")[2]} {
+		_, err := k.Verify(ctx, bad)
+		require.ErrorIs(t, err, cheetah.ErrUnauthorized, bad)
+	}
+
+	ok, err := k.Revoke(ctx, c.ID)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = k.Verify(ctx, c.Secret)
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized, "a revoked key is refused at once")
+	ok, err = k.Revoke(ctx, c.ID)
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	app, err := k.Create(ctx, auth.App, "", "backend")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(app.WebhookSecret, "whsec_"))
+	list, err := k.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+}
+
+func TestCreateValidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	k := setup(t, "")
+	for _, tc := range []struct {
+		kind auth.Kind
+		user string
+		name string
+	}{
+		{auth.Client, "", "x"},
+		{auth.Client, "bad user", "x"},
+		{auth.App, "usr_1", "x"},
+		{"root", "", "x"},
+		{auth.Admin, "", strings.Repeat("n", 129)},
+	} {
+		_, err := k.Create(ctx, tc.kind, tc.user, tc.name)
+		require.ErrorIs(t, err, cheetah.ErrInvalidRequest, "%+v", tc)
+	}
+}
+
+func TestBootstrapAndEnsureAdmin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	k := setup(t, "s3cret-admin-key")
+	got, err := k.Verify(ctx, "s3cret-admin-key")
+	require.NoError(t, err)
+	require.Equal(t, auth.Admin, got.Kind)
+	secret, err := k.EnsureAdmin(ctx)
+	require.NoError(t, err)
+	require.Empty(t, secret, "the environment's key is the admin key")
+
+	k2 := setup(t, "")
+	secret, err = k2.EnsureAdmin(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, secret)
+	got, err = k2.Verify(ctx, secret)
+	require.NoError(t, err)
+	require.Equal(t, auth.Admin, got.Kind)
+	again, err := k2.EnsureAdmin(ctx)
+	require.NoError(t, err)
+	require.Empty(t, again, "made once, never again")
+}

@@ -1,0 +1,153 @@
+// Package server is the broker's network face: the client WebSocket at
+// /ws/v1/client, the application and admin HTTP API under /api/v1, and the
+// health endpoints. It holds no state of its own beyond open connections:
+// the registry decides, the history store remembers.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/server/auth"
+)
+
+// Config wires a Server. Zero durations and sizes take the defaults.
+type Config struct {
+	Registry *registry.Registry
+	Store    *history.Store
+	Keys     *auth.Keys
+	Log      *slog.Logger
+	Clock    clockwork.Clock
+	// Heartbeat is how often the broker pings a client (20 s); a client
+	// silent for three of them is closed with 4408.
+	Heartbeat time.Duration
+	// HelloTimeout is how long a new connection has to say hello (10 s).
+	HelloTimeout time.Duration
+	// MaxMessageBytes bounds one frame in either direction (4 MiB).
+	MaxMessageBytes int
+	// OutboundQueue bounds the frames waiting to be written to one client
+	// (256); a client that lets it fill is disconnected.
+	OutboundQueue int
+	// WriteTimeout bounds one frame write (10 s).
+	WriteTimeout time.Duration
+	// MaxBodyBytes bounds an HTTP request body (1 MiB).
+	MaxBodyBytes int64
+}
+
+func (c *Config) fill() {
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 20 * time.Second
+	}
+	if c.HelloTimeout == 0 {
+		c.HelloTimeout = 10 * time.Second
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 4 << 20
+	}
+	if c.OutboundQueue == 0 {
+		c.OutboundQueue = 256
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+}
+
+// Server serves the broker's HTTP and WebSocket endpoints.
+type Server struct {
+	cfg   Config
+	reg   *registry.Registry
+	store *history.Store
+	keys  *auth.Keys
+	log   *slog.Logger
+	clock clockwork.Clock
+	gin   *gin.Engine
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	closing  bool
+	wg       sync.WaitGroup
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	cfg.fill()
+	if cfg.Registry == nil || cfg.Store == nil || cfg.Keys == nil {
+		return nil, fmt.Errorf("server: new: registry, store and keys are required")
+	}
+	s := &Server{
+		cfg: cfg, reg: cfg.Registry, store: cfg.Store, keys: cfg.Keys, log: cfg.Log,
+		clock: cfg.Clock, sessions: map[*session]struct{}{},
+	}
+	s.gin = s.routes()
+	return s, nil
+}
+
+// Handler returns the HTTP handler of every endpoint.
+func (s *Server) Handler() http.Handler { return s.gin }
+
+// track registers a live session; it fails once shutdown began.
+func (s *Server) track(sess *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.sessions[sess] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) untrack(sess *session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Shutdown closes every client with 1001 and waits for their sessions to
+// end, or for ctx.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for sess := range s.sessions {
+		sess.Close(protocol.CloseGoingAway, "broker shutting down")
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("server: shutdown: %w", ctx.Err())
+	}
+}
+
+func newID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("server: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
