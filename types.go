@@ -3,48 +3,45 @@ package cheetah
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/cheetahbroker/cheetah/protocol"
 )
 
-// ClientType says what kind of client owns a context.
-type ClientType string
+// ClientType says what kind of client owns a context. The SDK's wire
+// vocabulary is the protocol's own: these are aliases, not copies.
+type ClientType = protocol.ClientType
 
 // The client types of protocol v1.
 const (
-	Browser ClientType = "browser"
-	Console ClientType = "console"
+	Browser = protocol.ClientBrowser
+	Console = protocol.ClientConsole
 )
-
-// Valid reports whether t is a client type the broker knows.
-func (t ClientType) Valid() bool { return t == Browser || t == Console }
 
 // Owner says who a context belongs to. Only worker-owned contexts are ever
 // assigned; a person's own tab is reported as human and never leased.
-type Owner string
+type Owner = protocol.Owner
 
 // The context owners of protocol v1.
 const (
-	OwnerWorker Owner = "worker"
-	OwnerHuman  Owner = "human"
+	OwnerWorker = protocol.OwnerWorker
+	OwnerHuman  = protocol.OwnerHuman
 )
 
-// ResponseMode says whether the client sends a terminal message for a command
-// and whether anyone waits for it.
-type ResponseMode string
+// ResponseMode says whether the client sends a terminal message for a
+// command and whether anyone waits for it.
+type ResponseMode = protocol.ResponseMode
 
 // The response modes of protocol v1.
 const (
 	// ModeRPC: the caller waits for the terminal message.
-	ModeRPC ResponseMode = "rpc"
+	ModeRPC = protocol.ResponseRPC
 	// ModeAsync: the client sends one terminal message, nobody waits. This is
 	// the default for a plain Send.
-	ModeAsync ResponseMode = "async"
+	ModeAsync = protocol.ResponseAsync
 	// ModeNone: the client sends no terminal message; the command ends at
 	// dispatched or acknowledged.
-	ModeNone ResponseMode = "none"
+	ModeNone = protocol.ResponseNone
 )
-
-// Valid reports whether m is a response mode the broker knows.
-func (m ResponseMode) Valid() bool { return m == ModeRPC || m == ModeAsync || m == ModeNone }
 
 // Status is a command's status. The first three are progress states; the rest
 // are terminal and also appear in a Resolution.

@@ -44,7 +44,9 @@ func (s *Server) routes() *gin.Engine {
 	admin.GET("/keys", s.listKeys)
 	admin.DELETE("/keys/:id", s.revokeKey)
 
-	g.NoRoute(func(c *gin.Context) { s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
+	g.NoRoute(func(c *gin.Context) {
+		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
 	return g
 }
 
@@ -89,7 +91,10 @@ func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 		for _, k := range kinds {
 			if key.Kind == k {
 				c.Set(keyCtx, key)
-				c.Next()
+				s.rateLimit(c)
+				if !c.IsAborted() {
+					c.Next()
+				}
 				return
 			}
 		}

@@ -28,6 +28,8 @@ type Options struct {
 	ReconnectGrace  time.Duration
 	Heartbeat       time.Duration
 	MaxMessageBytes int
+	KeyRateLimit    float64
+	FrameRateLimit  float64
 	Log             *slog.Logger
 	Clock           clockwork.Clock
 }
@@ -75,6 +77,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	srv, err := New(Config{
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
+		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit,
 	})
 	if err != nil {
 		reg.Close()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/jonboulle/clockwork"
+	"golang.org/x/time/rate"
 
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
@@ -44,6 +45,11 @@ type Config struct {
 	WriteTimeout time.Duration
 	// MaxBodyBytes bounds an HTTP request body (1 MiB).
 	MaxBodyBytes int64
+	// KeyRateLimit is requests per second per API key; 0 is unlimited.
+	KeyRateLimit float64
+	// FrameRateLimit is frames per second per client; 0 is unlimited. A
+	// client over it is closed with 4429.
+	FrameRateLimit float64
 }
 
 func (c *Config) fill() {
@@ -83,6 +89,8 @@ type Server struct {
 	clock clockwork.Clock
 	gin   *gin.Engine
 
+	keyLimits *keyLimits // nil when unlimited
+
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closing  bool
@@ -98,6 +106,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, reg: cfg.Registry, store: cfg.Store, keys: cfg.Keys, log: cfg.Log,
 		clock: cfg.Clock, sessions: map[*session]struct{}{},
+	}
+	if cfg.KeyRateLimit > 0 {
+		s.keyLimits = &keyLimits{perSecond: cfg.KeyRateLimit, byKey: map[string]*rate.Limiter{}}
 	}
 	s.gin = s.routes()
 	return s, nil

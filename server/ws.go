@@ -33,7 +33,7 @@ type session struct {
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed once a close is queued for the writer
-	lastSeen  atomic.Int64 // unix nanoseconds of the last frame or pong
+	lastSeen  atomic.Int64  // unix nanoseconds of the last frame or pong
 	att       *registry.Attachment
 }
 
@@ -175,6 +175,7 @@ func (s *session) readLoop(ctx context.Context) {
 	})
 	defer hello.Stop()
 	max := int64(s.srv.cfg.MaxMessageBytes)
+	limit := newLimiter(s.srv.cfg.FrameRateLimit)
 	for {
 		typ, rd, err := s.ws.Reader(ctx)
 		if err != nil {
@@ -191,6 +192,10 @@ func (s *session) readLoop(ctx context.Context) {
 			return
 		}
 		s.lastSeen.Store(s.srv.clock.Now().UnixNano())
+		if limit != nil && !limit.AllowN(s.srv.clock.Now(), 1) {
+			s.Close(protocol.CloseRateLimited, "more frames than the broker's per-client rate limit")
+			return
+		}
 		if typ != websocket.MessageText {
 			s.Close(protocol.CloseMalformed, "frames are JSON text")
 			return
@@ -279,7 +284,7 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 		HeartbeatS: int(s.srv.cfg.Heartbeat / time.Second), MaxMessageBytes: int64(s.srv.cfg.MaxMessageBytes),
 	})
 	s.att = s.srv.reg.Connect(registry.ClientInfo{
-		UserID: key.UserID, ClientID: h.ClientID, Type: cheetah.ClientType(h.ClientType),
+		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
 		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
 	}, s)
 	s.log.Info("client connected", "client_type", h.ClientType, "name", h.Name, "version", h.Version)

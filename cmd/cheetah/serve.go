@@ -26,6 +26,8 @@ type serveCmd struct {
 	MaxMessageBytes  int           `default:"4194304" help:"Largest WebSocket frame, in bytes."`
 	Heartbeat        time.Duration `default:"20s" help:"How often the broker pings clients; three silent intervals close one."`
 	ShutdownTimeout  time.Duration `default:"15s" help:"How long shutdown waits for connections to close."`
+	KeyRateLimit     float64       `name:"key-rate-limit" default:"0" help:"Requests per second per API key; 0 is unlimited."`
+	FrameRateLimit   float64       `name:"frame-rate-limit" default:"0" help:"Frames per second per client; 0 is unlimited (over it: close 4429)."`
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
 }
@@ -47,6 +49,7 @@ func (c *serveCmd) Run() error {
 	b, err := server.Open(ctx, server.Options{
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
+		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 	})
 	if err != nil {
 		return err

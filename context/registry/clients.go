@@ -85,7 +85,7 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 			c.contexts[rep.ContextID] = w
 		}
 		w.tabID, w.url, w.title, w.labels = rep.TabID, rep.URL, rep.Title, rep.Labels
-		w.owner = cheetah.Owner(rep.Owner)
+		w.owner = rep.Owner
 		w.live = true
 		r.refreshIdle(w)
 		r.flushQueue(w)

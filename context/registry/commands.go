@@ -144,7 +144,7 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*comman
 	traceID, spanID := newTraceIDs()
 	f := &protocol.Command{
 		CommandID: id.String(), Name: cmd.Name, Params: params, Target: so.Target,
-		ResponseMode: protocol.ResponseMode(so.ResponseMode), TimeoutMS: timeout.Milliseconds(),
+		ResponseMode: so.ResponseMode, TimeoutMS: timeout.Milliseconds(),
 		Options: so.Options, Traceparent: "00-" + traceID + "-" + spanID + "-01",
 	}
 	// A frame the client would refuse as too large is refused here, before
@@ -324,15 +324,19 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 	ops = append(ops, history.SetStatus{CommandID: id, Status: status, Error: e, At: now})
 	res := cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
 	r.store.WriteAsync(func(error) {
+		// This runs on the store's writer, which may be what a caller holding
+		// r.mu waits on (a full write queue), so the lock is taken elsewhere.
 		// The resolution goes to the caller even when the write failed: the
-		// caller must not hang; the record then still shows the last status
-		// that was written.
-		r.mu.Lock()
-		r.unpreserve(c, true)
-		r.mu.Unlock()
-		if c.resolved != nil {
-			c.resolved <- res
-		}
+		// caller must not hang; the record then shows the last status that
+		// was written.
+		go func() {
+			r.mu.Lock()
+			r.unpreserve(c, true)
+			r.mu.Unlock()
+			if c.resolved != nil {
+				c.resolved <- res
+			}
+		}()
 	}, ops...)
 }
 

@@ -152,9 +152,13 @@ func TestUnknownCommandFromAnotherClient(t *testing.T) {
 	require.NoError(t, err)
 	cmdFrame(t, a, 1)
 	e.result(b, id.CommandID, `{"forged":true}`)
-	waitFor(t, b.conn, func(f *protocol.Error) bool { return f.Code == protocol.CodeUnknownCommand && f.CommandID == id.CommandID })
+	waitFor(t, b.conn, func(f *protocol.Error) bool {
+		return f.Code == protocol.CodeUnknownCommand && f.CommandID == id.CommandID
+	})
 	e.result(b, "0193aaaa-0000-7000-8000-000000000000", `{}`)
-	waitFor(t, b.conn, func(f *protocol.Error) bool { return f.Code == protocol.CodeUnknownCommand && f.CommandID == "0193aaaa-0000-7000-8000-000000000000" })
+	waitFor(t, b.conn, func(f *protocol.Error) bool {
+		return f.Code == protocol.CodeUnknownCommand && f.CommandID == "0193aaaa-0000-7000-8000-000000000000"
+	})
 	rec, err := e.reg.ReadCommand(context.Background(), user, id.CommandID)
 	require.NoError(t, err)
 	require.Empty(t, rec.Messages, "a foreign frame is recorded nowhere")

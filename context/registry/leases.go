@@ -1,8 +1,8 @@
 package registry
 
 import (
-	"container/list"
 	"container/heap"
+	"container/list"
 	"context"
 	"time"
 

@@ -117,7 +117,7 @@ type Registry struct {
 	closed   bool
 
 	wg   sync.WaitGroup // background epoch reservations
-	kick chan struct{} // wakes the expiry loop when the earliest deadline moves
+	kick chan struct{}  // wakes the expiry loop when the earliest deadline moves
 	stop chan struct{}
 	done chan struct{}
 }
