@@ -10,6 +10,13 @@ import (
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
+// adminRoutes registers the admin endpoints; every one needs an admin key.
+func (s *Server) adminRoutes(admin *gin.RouterGroup) {
+	admin.POST("/keys", s.createKey)
+	admin.GET("/keys", s.listKeys)
+	admin.DELETE("/keys/:id", s.revokeKey)
+}
+
 func (s *Server) createKey(c *gin.Context) {
 	var b struct {
 		Kind   auth.Kind `json:"kind"`

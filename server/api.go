@@ -39,10 +39,7 @@ func (s *Server) routes() *gin.Engine {
 	api.GET("/users/:user_id/commands/:command_id", s.readCommand)
 	api.GET("/users/:user_id/commands", s.listCommands)
 
-	admin := g.Group("/api/v1/admin", s.authenticate(auth.Admin))
-	admin.POST("/keys", s.createKey)
-	admin.GET("/keys", s.listKeys)
-	admin.DELETE("/keys/:id", s.revokeKey)
+	s.adminRoutes(g.Group("/api/v1/admin", s.authenticate(auth.Admin)))
 
 	g.NoRoute(func(c *gin.Context) {
 		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
