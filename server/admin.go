@@ -15,6 +15,37 @@ func (s *Server) adminRoutes(admin *gin.RouterGroup) {
 	admin.POST("/keys", s.createKey)
 	admin.GET("/keys", s.listKeys)
 	admin.DELETE("/keys/:id", s.revokeKey)
+	admin.GET("/pools", s.pools)
+	admin.GET("/clients", s.clients)
+	admin.GET("/leases", s.leases)
+	admin.POST("/users/:user_id/clients/:client_id/contexts/:context_id/revoke", s.revoke)
+	admin.DELETE("/users/:user_id/clients/:client_id", s.disconnect)
+}
+
+func (s *Server) pools(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"pools": s.reg.Pools()})
+}
+
+func (s *Server) clients(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"clients": s.reg.Clients(c.Query("user_id"))})
+}
+
+// leases lists active leases; no admin view ever shows a token.
+func (s *Server) leases(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"leases": s.reg.Leases(c.Query("user_id"), c.Query("task_id"))})
+}
+
+// revoke ends the lease on a context with reason revoked; the client gets an
+// assignment frame saying so.
+func (s *Server) revoke(c *gin.Context) {
+	ok := s.reg.Revoke(c.Param("user_id"), c.Param("client_id"), c.Param("context_id"))
+	c.JSON(http.StatusOK, gin.H{"revoked": ok})
+}
+
+// disconnect closes a client's connection with 4403.
+func (s *Server) disconnect(c *gin.Context) {
+	ok := s.reg.DisconnectClient(c.Param("user_id"), c.Param("client_id"), protocol.CloseForbidden, "disconnected by an admin")
+	c.JSON(http.StatusOK, gin.H{"disconnected": ok})
 }
 
 func (s *Server) createKey(c *gin.Context) {

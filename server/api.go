@@ -22,8 +22,14 @@ const keyCtx = "cheetah.key"
 func (s *Server) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	g := gin.New()
-	g.Use(gin.Recovery(), s.logRequests)
-	g.GET("/ws/v1/client", func(c *gin.Context) { s.handleClient(c.Writer, c.Request) })
+	g.Use(gin.Recovery(), s.logRequests, s.checkHost)
+	g.GET("/ws/v1/client", func(c *gin.Context) {
+		if !s.originAllowed(c.GetHeader("Origin")) {
+			s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "this Origin may not open a client connection"})
+			return
+		}
+		s.handleClient(c.Writer, c.Request)
+	})
 	g.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	g.GET("/readyz", s.readyz)
 

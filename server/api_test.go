@@ -37,6 +37,10 @@ func (b *broker) do(method, path, key string, body any, out any, headers ...stri
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i] == "Host" {
+			req.Host = headers[i+1]
+			continue
+		}
 		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)

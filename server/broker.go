@@ -30,8 +30,12 @@ type Options struct {
 	MaxMessageBytes int
 	KeyRateLimit    float64
 	FrameRateLimit  float64
-	Log             *slog.Logger
-	Clock           clockwork.Clock
+	// MaxInFlightPerContext bounds each context's unfinished commands.
+	MaxInFlightPerContext int
+	AllowedOrigins        []string
+	LoopbackOnly          bool
+	Log                   *slog.Logger
+	Clock                 clockwork.Clock
 }
 
 // Broker is the store, registry, keys and server wired together: what
@@ -68,6 +72,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	reg, err := registry.New(ctx, registry.Config{
 		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL,
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
+		MaxInFlightPerContext: o.MaxInFlightPerContext,
 	})
 	if err != nil {
 		store.Close()
@@ -78,6 +83,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit,
+		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly,
 	})
 	if err != nil {
 		reg.Close()

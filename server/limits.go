@@ -2,7 +2,9 @@ package server
 
 import (
 	"math"
+	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,4 +58,38 @@ func (s *Server) rateLimit(c *gin.Context) {
 		s.fail(c, &cheetah.Error{Code: cheetah.CodeRateLimited, Message: "the key's request rate limit is spent; retry after " + d.Round(time.Millisecond).String()})
 		return
 	}
+}
+
+// checkHost refuses a request whose Host is not a loopback name when the
+// broker listens on loopback: a page on another origin that rebinds its DNS
+// name to 127.0.0.1 still sends its own name in Host.
+func (s *Server) checkHost(c *gin.Context) {
+	if !s.cfg.LoopbackOnly {
+		return
+	}
+	host := c.Request.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return
+	}
+	s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "this broker answers only requests addressed to a loopback host"})
+}
+
+// originAllowed reports whether a WebSocket upgrade may proceed.
+func (s *Server) originAllowed(origin string) bool {
+	if origin == "" || len(s.cfg.AllowedOrigins) == 0 {
+		return true
+	}
+	for _, o := range s.cfg.AllowedOrigins {
+		if strings.EqualFold(o, origin) {
+			return true
+		}
+	}
+	return false
 }

@@ -50,6 +50,17 @@ type Config struct {
 	// FrameRateLimit is frames per second per client; 0 is unlimited. A
 	// client over it is closed with 4429.
 	FrameRateLimit float64
+	// MaxContextsPerClient bounds one state report (256). A larger report is
+	// refused with an error frame and the previous state stands.
+	MaxContextsPerClient int
+	// AllowedOrigins, when not empty, lists the Origin values (for example
+	// chrome-extension://<id>) a browser may open the client WebSocket from.
+	// Requests without an Origin (console agents) are not affected.
+	AllowedOrigins []string
+	// LoopbackOnly makes every request name a loopback host (localhost,
+	// 127.0.0.1, [::1]) in its Host header: a broker bound to loopback is
+	// then out of reach of DNS rebinding from a web page.
+	LoopbackOnly bool
 }
 
 func (c *Config) fill() {
@@ -76,6 +87,9 @@ func (c *Config) fill() {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxContextsPerClient == 0 {
+		c.MaxContextsPerClient = 256
 	}
 }
 

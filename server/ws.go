@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +19,9 @@ import (
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
+
+// CodeTooManyContexts answers a state report over the per-client bound.
+const CodeTooManyContexts protocol.ErrorCode = "too_many_contexts"
 
 // session is one client WebSocket. Its reader runs in the handler's
 // goroutine; a writer goroutine drains a bounded outbound queue, so the
@@ -298,6 +302,11 @@ func (s *session) handle(ctx context.Context, f protocol.Frame) bool {
 		s.Close(protocol.CloseMalformed, "hello was already received")
 		return false
 	case *protocol.State:
+		if n := len(f.Contexts); n > s.srv.cfg.MaxContextsPerClient {
+			s.Send(&protocol.Error{Code: CodeTooManyContexts,
+				Message: fmt.Sprintf("a client may report at most %d contexts; this report of %d was not applied", s.srv.cfg.MaxContextsPerClient, n)})
+			return true
+		}
 		s.srv.reg.Report(s.att, f.Contexts)
 	case *protocol.Ping:
 		s.Send(&protocol.Pong{})

@@ -193,6 +193,10 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 		return nil, err
 	}
 	w := l.ctx
+	if r.cfg.MaxInFlightPerContext > 0 && w.inflight >= r.cfg.MaxInFlightPerContext {
+		r.mu.Unlock()
+		return nil, &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
+	}
 	now := r.clock.Now()
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
 	c.frame.ContextID, c.frame.TaskID, c.frame.Epoch = w.id, l.taskID, l.epoch
@@ -218,6 +222,7 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	}
 	w.queue = append(w.queue, c)
 	r.commands[c.rec.CommandID] = c
+	w.inflight++
 	rec := c.rec
 	r.mu.Unlock()
 
@@ -230,13 +235,19 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	if werr != nil {
 		r.unpreserve(c, false)
 		r.removeQueued(c)
-		delete(r.commands, c.rec.CommandID)
+		r.forget(c)
 		r.flushQueue(c.ctx)
 		return nil, cheetah.StoreUnavailable("registry: record command", werr)
 	}
 	c.durable = true
 	r.flushQueue(c.ctx)
 	return c, nil
+}
+
+// forget drops c from the commands in flight; r.mu is held.
+func (r *Registry) forget(c *command) {
+	delete(r.commands, c.rec.CommandID)
+	c.ctx.inflight--
 }
 
 func (r *Registry) removeQueued(c *command) {
@@ -291,7 +302,7 @@ func (r *Registry) flushQueue(w *wctx) {
 		}
 		if c.rec.ResponseMode == cheetah.ModeNone {
 			// Nothing more is expected; forget it but remember where it went.
-			delete(r.commands, c.rec.CommandID)
+			r.forget(c)
 			r.finished.put(c.rec.CommandID, finishedCommand{user: c.user, client: c.client, status: cheetah.StatusDispatched, mode: cheetah.ModeNone}, now)
 		}
 	}
@@ -311,7 +322,7 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 	if r.commands[id] != c {
 		return
 	}
-	delete(r.commands, id)
+	r.forget(c)
 	if c.timer != nil {
 		c.timer.Stop()
 	}

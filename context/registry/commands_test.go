@@ -398,3 +398,23 @@ func TestEpochsRiseAcrossRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, l.Epoch, last, "epochs are never reused, across restarts too")
 }
+
+func TestInFlightBound(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *registry.Config) { c.MaxInFlightPerContext = 2 })
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ctx := context.Background()
+	first, err := e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+	require.NoError(t, err)
+	_, err = e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+	require.NoError(t, err, "at the bound")
+	_, err = e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+	require.ErrorIs(t, err, cheetah.ErrOverloaded, "one past it")
+	cmdFrame(t, c, 1)
+	e.result(c, first.CommandID, `{}`)
+	require.Eventually(t, func() bool {
+		_, err := e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+		return err == nil
+	}, 5*time.Second, time.Millisecond, "room again once one ends")
+}

@@ -56,6 +56,8 @@ type wctx struct {
 	// queue holds commands admitted on this context and not yet dispatched,
 	// in admission order. Only its durable prefix is ever dispatched.
 	queue []*command
+	// inflight counts this context's commands admitted and not yet ended.
+	inflight int
 }
 
 func (r *Registry) poolFor(userID string) *pool {

@@ -55,6 +55,9 @@ type Config struct {
 	MaxMessageBytes int
 	// DefaultCommandTimeout applies when a send names no timeout (30 s).
 	DefaultCommandTimeout time.Duration
+	// MaxInFlightPerContext bounds a context's commands admitted and not yet
+	// ended (1,024); a send past it fails overloaded. Negative is unbounded.
+	MaxInFlightPerContext int
 }
 
 // Limits of the acquire and send requests.
@@ -92,6 +95,9 @@ func (c *Config) fill() {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 4 << 20
+	}
+	if c.MaxInFlightPerContext == 0 {
+		c.MaxInFlightPerContext = 1024
 	}
 	if c.DefaultCommandTimeout == 0 {
 		c.DefaultCommandTimeout = 30 * time.Second

@@ -63,34 +63,6 @@ func (r *Registry) TaskContexts(_ context.Context, userID, taskID string) ([]che
 	return out, nil
 }
 
-// Snapshot returns every context the registry knows, for admin views.
-func (r *Registry) Snapshot(userID string) []cheetah.ContextSnapshot {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := []cheetah.ContextSnapshot{}
-	for uid, p := range r.users {
-		if userID != "" && uid != userID {
-			continue
-		}
-		for _, c := range p.clients {
-			for _, w := range c.contexts {
-				out = append(out, w.snapshot())
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.UserID != b.UserID {
-			return a.UserID < b.UserID
-		}
-		if a.ClientID != b.ClientID {
-			return a.ClientID < b.ClientID
-		}
-		return a.ContextID < b.ContextID
-	})
-	return out
-}
-
 // ReadCommand reads one command of a user from history.
 func (r *Registry) ReadCommand(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error) {
 	if !protocol.ValidUserID(userID) {
