@@ -32,6 +32,8 @@ func (s *Server) routes() *gin.Engine {
 	})
 	g.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	g.GET("/readyz", s.readyz)
+	// The API's description is public: it holds nothing a key protects.
+	g.GET("/api/v1/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPI) })
 
 	api := g.Group("/api/v1", s.authenticate(auth.App, auth.Admin))
 	api.POST("/acquire", s.acquire)
