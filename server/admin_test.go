@@ -198,4 +198,3 @@ func TestOriginAndHost(t *testing.T) {
 	require.Equal(t, http.StatusSwitchingProtocols, status("chrome-extension://abcdef", "localhost:8420"))
 	require.Equal(t, http.StatusForbidden, b.do("GET", "/healthz", "", nil, nil, "Host", "rebind.example").StatusCode)
 }
-
