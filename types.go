@@ -167,6 +167,15 @@ type SendOptions struct {
 	Options      json.RawMessage
 	ResponseMode ResponseMode
 	CallbackURL  string
+	// CallbackKeyID names the API key whose webhook secret signs the
+	// delivery to CallbackURL. The HTTP API sets it to the requesting key;
+	// in-process sends leave it empty and are signed with the broker's own
+	// secret (server.Options.WebhookSecret).
+	CallbackKeyID string
+	// OnAdmitted, when set, is called once the command's record is durable,
+	// before any wait: the HTTP API uses it to name the command to a caller
+	// that may go away before the resolution.
+	OnAdmitted func(Sent) `json:"-"`
 }
 
 // Sent identifies an admitted command. It is returned only once the

@@ -29,6 +29,7 @@ type commandRow struct {
 	ErrorData         *string
 	TraceID           string
 	CallbackURL       *string
+	CallbackKeyID     *string
 	CreatedAt         time.Time
 	DispatchedAt      *time.Time
 	AckedAt           *time.Time
@@ -36,6 +37,7 @@ type commandRow struct {
 	DeliveryAttempts  int
 	Delivered         bool
 	DeliveryLastError *string
+	DeliveryNextAt    *time.Time
 }
 
 func (commandRow) TableName() string { return "commands" }
@@ -105,6 +107,19 @@ func newCommandRow(op InsertCommand) commandRow {
 	}
 	if e := r.Error; e != nil {
 		row.ErrorCode, row.ErrorMessage, row.ErrorData = &e.Code, text(e.Message), jsonText(e.Data)
+	}
+	if op.CallbackURL != "" {
+		// A key id without a URL would sign nothing.
+		row.CallbackKeyID = text(op.CallbackKeyID)
+		if st.Terminal() {
+			// Inserted already ended: its delivery is due, as SetStatus
+			// would have made it.
+			due := row.CreatedAt
+			if row.FinishedAt != nil {
+				due = *row.FinishedAt
+			}
+			row.DeliveryNextAt = &due
+		}
 	}
 	return row
 }

@@ -19,9 +19,14 @@ type Op interface{ isOp() }
 // InsertCommand stores a new command. Its status is admitted unless
 // Rec.Status is set. Rec.Messages and Rec.Delivery are ignored: messages are
 // appended with AppendMessage, and a delivery starts at zero attempts.
+// CallbackKeyID names the API key whose webhook secret signs the delivery
+// to CallbackURL; empty means the broker's own secret. A command inserted
+// with a terminal status and a callback URL has its first delivery attempt
+// due at once (at FinishedAt, or CreatedAt without one).
 type InsertCommand struct {
-	Rec         cheetah.CommandRecord
-	CallbackURL string
+	Rec           cheetah.CommandRecord
+	CallbackURL   string
+	CallbackKeyID string
 }
 
 // SetStatus moves a command forward. It applies only where the stored
@@ -29,7 +34,9 @@ type InsertCommand struct {
 // first terminal status wins; a SetStatus that does not apply, or names an
 // unknown command, changes nothing and is not an error. It sets dispatched_at
 // for dispatched, acked_at for acknowledged and finished_at for a terminal
-// status (At, or now when zero), and the error when Error is set.
+// status (At, or now when zero), and the error when Error is set. A terminal
+// status of a command with a callback URL also makes its first webhook
+// delivery attempt due at that time, in the same transaction.
 type SetStatus struct {
 	CommandID string
 	Status    cheetah.Status
@@ -49,12 +56,14 @@ type AppendMessage struct {
 	Bytes     []byte
 }
 
-// SetDelivery records the state of a command's webhook delivery.
+// SetDelivery records the state of a command's webhook delivery. NextAt is
+// when the next attempt is due; zero means none is (delivered or given up).
 type SetDelivery struct {
 	CommandID string
 	Attempts  int
 	Delivered bool
 	LastError string
+	NextAt    time.Time
 }
 
 func (InsertCommand) isOp() {}
@@ -289,6 +298,7 @@ func (s *Store) apply(ops []Op) error {
 				"delivery_attempts":   d.Attempts,
 				"delivered":           d.Delivered,
 				"delivery_last_error": text(d.LastError),
+				"delivery_next_at":    utcPtr(&d.NextAt),
 			}).Error
 			if err != nil {
 				return fail("history.SetDelivery", err)
@@ -323,6 +333,9 @@ func setStatus(tx *gorm.DB, st SetStatus) error {
 		set["acked_at"] = utc(at)
 	case 3:
 		set["finished_at"] = utc(at)
+		// The webhook worker polls delivery_next_at. (THEN keeps the column's
+		// own value, not NULL, so that PostgreSQL types the parameter.)
+		set["delivery_next_at"] = gorm.Expr("CASE WHEN callback_url IS NULL THEN delivery_next_at ELSE ? END", utc(at))
 	}
 	if e := st.Error; e != nil {
 		set["error_code"], set["error_message"], set["error_data"] = e.Code, text(e.Message), jsonText(e.Data)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,9 @@ const keyCtx = "cheetah.key"
 func (s *Server) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	g := gin.New()
+	// Route on the raw path so an escaped "/" inside an id (a task id such as
+	// "catalog/42") stays inside its segment.
+	g.UseRawPath = true
 	g.Use(gin.Recovery(), s.logRequests, s.checkHost)
 	g.GET("/ws/v1/client", func(c *gin.Context) {
 		if !s.originAllowed(c.GetHeader("Origin")) {
@@ -209,7 +213,16 @@ func (s *Server) acquire(c *gin.Context) {
 		}
 		req.Wait = time.Duration(*b.WaitMS) * time.Millisecond
 	}
-	l, err := s.reg.Acquire(c.Request.Context(), req)
+	ctx := c.Request.Context()
+	l, err := s.reg.Acquire(ctx, req)
+	if ctx.Err() != nil {
+		// The caller went away while it waited: nobody would learn of a
+		// lease, so it is given back at once.
+		if err == nil {
+			_, _ = s.reg.Release(context.WithoutCancel(ctx), l)
+		}
+		return
+	}
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -232,10 +245,6 @@ func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (chee
 	if !ok {
 		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
 	}
-	if c.GetHeader("X-Callback-Url") != "" {
-		s.fail(c, cheetah.Invalidf("X-Callback-Url: webhook delivery is not enabled on this broker"))
-		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
-	}
 	var b commandBody
 	if !s.bind(c, &b) {
 		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
@@ -250,6 +259,21 @@ func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (chee
 			return lease, cheetah.Command{}, cheetah.SendOptions{}, false
 		}
 		so.Timeout = time.Duration(*b.TimeoutMS) * time.Millisecond
+	}
+	if u := c.GetHeader("X-Callback-Url"); u != "" {
+		// Delivered once the command ends, signed with the requesting key's
+		// webhook secret (docs/behaviour.md, "Webhooks").
+		hooks := s.webhooks()
+		if hooks == nil {
+			s.fail(c, cheetah.Invalidf("X-Callback-Url: webhook delivery is not enabled on this broker"))
+			return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+		}
+		key, _ := c.Get(keyCtx)
+		so.CallbackURL, so.CallbackKeyID = u, key.(auth.Key).ID
+		if err := hooks.Check(c.Request.Context(), so); err != nil {
+			s.fail(c, err)
+			return lease, cheetah.Command{}, cheetah.SendOptions{}, false
+		}
 	}
 	cmd := cheetah.Command{Name: b.Name}
 	if p := nullIsAbsent(b.Params); p != nil {
@@ -294,6 +318,14 @@ func (s *Server) sendAndWait(c *gin.Context) {
 	lease, cmd, so, ok := s.commandRequest(c, cheetah.ModeRPC)
 	if !ok {
 		return
+	}
+	// Name the command as soon as it is durable, so a caller that goes away
+	// before the resolution still knows which command it started.
+	so.OnAdmitted = func(sent cheetah.Sent) {
+		c.Header("X-Command-Id", sent.CommandID)
+		c.Header("X-Trace-Id", sent.TraceID)
+		c.Writer.WriteHeader(http.StatusOK)
+		c.Writer.Flush()
 	}
 	res, err := s.reg.SendAndWait(c.Request.Context(), lease, cmd, so)
 	if err != nil {

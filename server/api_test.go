@@ -213,15 +213,22 @@ func TestWaitCallerGoesAway(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+b.appKey)
 	req.Header.Set("X-Lease", l.Lease.LeaseToken)
-	errc := make(chan error, 1)
+	ids, errc := make(chan string, 1), make(chan error, 1)
 	go func() {
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
+		if err != nil {
+			ids <- ""
+			errc <- err
+			return
 		}
+		defer resp.Body.Close()
+		// The command is named as soon as it is admitted, before the wait.
+		ids <- resp.Header.Get("X-Command-Id")
+		_, err = io.ReadAll(resp.Body)
 		errc <- err
 	}()
 	cmd := next[*protocol.Command](agent)
+	require.Equal(t, cmd.CommandID, <-ids)
 	cancel()
 	require.Error(t, <-errc)
 	cn := next[*protocol.Cancel](agent)

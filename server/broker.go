@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -13,6 +14,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/webhook"
 )
 
 // Options configure a whole broker. Zero values take the defaults of
@@ -30,12 +32,22 @@ type Options struct {
 	MaxMessageBytes int
 	KeyRateLimit    float64
 	FrameRateLimit  float64
+	// MaxBodyBytes bounds an HTTP request body (1 MiB).
+	MaxBodyBytes int64
 	// MaxInFlightPerContext bounds each context's unfinished commands.
 	MaxInFlightPerContext int
 	AllowedOrigins        []string
 	LoopbackOnly          bool
 	Log                   *slog.Logger
 	Clock                 clockwork.Clock
+	// WebhookSecret (whsec_…) signs the webhook deliveries of in-process
+	// sends (cheetah.WithCallback), which carry no API key. Without it, an
+	// in-process send with a callback is refused with invalid_request.
+	// Sends over the HTTP API are signed with the requesting key's secret.
+	WebhookSecret string
+	// WebhookAllowPrivate lets callbacks reach private and loopback
+	// addresses, and allows http:// callbacks (--webhook-allow-private).
+	WebhookAllowPrivate bool
 }
 
 // Broker is the store, registry, keys and server wired together: what
@@ -46,6 +58,8 @@ type Broker struct {
 	Registry *registry.Registry
 	Keys     *auth.Keys
 	Server   *Server
+	// Webhooks delivers command records to callback URLs.
+	Webhooks *webhook.Worker
 }
 
 // Open opens the store (applying migrations), marks commands left in flight
@@ -61,7 +75,14 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	n, err := store.MarkInterrupted(ctx, o.Clock.Now())
+	// Commands about to be marked interrupted end without a SetStatus, so
+	// their webhook deliveries are armed first, at the same time.
+	now := o.Clock.Now()
+	if _, err := store.ArmInterruptedDeliveries(ctx, now); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("arm webhook deliveries: %w", err)
+	}
+	n, err := store.MarkInterrupted(ctx, now)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("mark interrupted commands: %w", err)
@@ -69,37 +90,75 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if n > 0 {
 		o.Log.Info("commands in flight at the last stop are now interrupted", "count", n)
 	}
+	keys := auth.New(store, o.AdminKey, o.Clock.Now)
+	hooks, err := webhook.New(webhook.Config{
+		Store: store, Keys: keys, Secret: o.WebhookSecret, AllowPrivate: o.WebhookAllowPrivate,
+		Clock: o.Clock, Log: o.Log,
+	})
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
 	reg, err := registry.New(ctx, registry.Config{
-		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL,
+		Clock: o.Clock, Store: hooks.Tap(store), Log: o.Log, DefaultTTL: o.DefaultTTL,
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
 		MaxInFlightPerContext: o.MaxInFlightPerContext,
 	})
 	if err != nil {
+		hooks.Close()
 		store.Close()
 		return nil, err
 	}
-	keys := auth.New(store, o.AdminKey, o.Clock.Now)
 	srv, err := New(Config{
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
-		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit,
+		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,
 		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly,
 	})
 	if err != nil {
 		reg.Close()
+		hooks.Close()
 		store.Close()
 		return nil, err
 	}
-	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv}, nil
+	srv.EnableWebhooks(hooks)
+	hooks.Start()
+	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks}, nil
 }
 
-// Manager is the in-process SDK over this broker.
-func (b *Broker) Manager() *cheetah.Manager { return cheetah.NewManager(b.Registry) }
+// Manager is the in-process SDK over this broker. A send with a callback is
+// checked as the HTTP API checks X-Callback-Url, and signed with
+// Options.WebhookSecret.
+func (b *Broker) Manager() *cheetah.Manager { return cheetah.NewManager(b.Webhooks.Guard(b.Registry)) }
 
-// Close closes every client with 1001, stops the registry and flushes and
-// closes the store.
+// Close closes every client with 1001, stops the registry and the webhook
+// worker (pending deliveries stay in the store for the next start), and
+// flushes and closes the store.
 func (b *Broker) Close(ctx context.Context) error {
 	err := b.Server.Shutdown(ctx)
 	b.Registry.Close()
+	b.Webhooks.Close()
+	b.Server.EnableWebhooks(nil)
 	return errors.Join(err, b.Store.Close())
+}
+
+// webhookWorkers holds each Server's webhook worker. (It belongs in Server
+// itself; this keeps the webhook wiring out of server.go.)
+var webhookWorkers sync.Map // *Server → *webhook.Worker
+
+// EnableWebhooks makes s accept X-Callback-Url on sends, checked and
+// delivered by w; nil turns it off again. Without it, X-Callback-Url is
+// refused with 400. Open enables it; Broker.Close turns it off.
+func (s *Server) EnableWebhooks(w *webhook.Worker) {
+	if w == nil {
+		webhookWorkers.Delete(s)
+		return
+	}
+	webhookWorkers.Store(s, w)
+}
+
+func (s *Server) webhooks() *webhook.Worker {
+	w, _ := webhookWorkers.Load(s)
+	hooks, _ := w.(*webhook.Worker)
+	return hooks
 }

@@ -211,3 +211,96 @@ func TestFirstStartPrintsAdminKeyOnce(t *testing.T) {
 	require.NotContains(t, second, "shown only this once")
 	require.NotContains(t, second, key)
 }
+
+// cli runs the cheetah binary with env and returns its stdout and exit code.
+func cli(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	if code != 0 {
+		t.Logf("%v: exit %d, stderr: %s", args, code, errb.String())
+	}
+	return out.String(), code
+}
+
+// TestAdminCLI drives the admin commands against a real broker and checks
+// their output and exit codes.
+func TestAdminCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	addr := freePort(t)
+	admin := "cli-admin-key-0123456789"
+	start(t, []string{"CHEETAH_ADMIN_KEY=" + admin, "CHEETAH_DATA_DIR=" + t.TempDir(), "CHEETAH_LISTEN=" + addr}, "serve")
+	a := api{t: t, base: "http://" + addr}
+	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+	env := []string{"CHEETAH_URL=" + a.base, "CHEETAH_KEY=" + admin}
+
+	out, code := cli(t, env, "keys", "create", "--kind", "client", "--user", "usr_cli", "--name", "agent", "--json")
+	require.Zero(t, code)
+	var created struct{ ID, Key string }
+	require.NoError(t, json.Unmarshal([]byte(out), &created))
+	require.True(t, strings.HasPrefix(created.Key, "chk_"))
+	out, code = cli(t, env, "keys", "create", "--kind", "app", "--name", "app")
+	require.Zero(t, code)
+	require.Contains(t, out, "webhook_secret")
+	require.Contains(t, out, "shown only this once")
+
+	start(t, []string{"CHEETAH_KEY=" + created.Key, "CHEETAH_URL=" + a.base}, "agent", "--client-id", "cli-agent", "--flows", "2")
+	require.Eventually(t, func() bool {
+		out, _ := cli(t, env, "pools", "--json")
+		return strings.Contains(out, `"idle": 2`)
+	}, 30*time.Second, 100*time.Millisecond)
+
+	out, code = cli(t, env, "pools")
+	require.Zero(t, code)
+	require.Regexp(t, `USER\s+CLIENTS\s+IDLE\s+LEASED`, out)
+	require.Regexp(t, `usr_cli\s+1\s+2\s+0`, out)
+	out, code = cli(t, env, "clients", "--user", "usr_cli")
+	require.Zero(t, code)
+	require.Contains(t, out, "cli-agent")
+
+	var acq struct{ Lease cheetah.Lease }
+	require.Equal(t, 201, a.call("POST", "/api/v1/acquire", admin, map[string]any{"user_id": "usr_cli", "task_id": "cli-task", "client_type": "console"}, &acq))
+	var waited struct{ Resolution cheetah.Resolution }
+	require.Equal(t, 200, a.call("POST", "/api/v1/commands/wait", admin, map[string]any{"name": "echo", "params": map[string]any{"v": 1}}, &waited, "X-Lease", acq.Lease.LeaseToken))
+
+	out, code = cli(t, env, "leases", "--task", "cli-task")
+	require.Zero(t, code)
+	require.Contains(t, out, acq.Lease.ContextID)
+	require.NotContains(t, out, acq.Lease.LeaseToken)
+	out, code = cli(t, env, "history", waited.Resolution.CommandID, "--user", "usr_cli")
+	require.Zero(t, code)
+	require.Regexp(t, `status\s+completed`, out)
+	require.Regexp(t, `\d+\s+result`, out)
+	_, code = cli(t, env, "history", waited.Resolution.CommandID, "--user", "usr_other")
+	require.Equal(t, 3, code, "another user's command is not found")
+
+	_, code = cli(t, env, "revoke", "usr_cli", "cli-agent", acq.Lease.ContextID)
+	require.Zero(t, code)
+	_, code = cli(t, env, "revoke", "usr_cli", "cli-agent", acq.Lease.ContextID)
+	require.Equal(t, 3, code, "nothing left to revoke")
+
+	_, code = cli(t, []string{"CHEETAH_URL=" + a.base, "CHEETAH_KEY=chk_bad_bad"}, "pools")
+	require.Equal(t, 4, code)
+	_, code = cli(t, env, "pools", "--no-such-flag")
+	require.Equal(t, 2, code)
+	_, code = cli(t, []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_KEY=" + admin}, "pools")
+	require.Equal(t, 5, code, "no broker there")
+
+	_, code = cli(t, env, "keys", "revoke", created.ID)
+	require.Zero(t, code)
+	out, code = cli(t, env, "keys", "list")
+	require.Zero(t, code)
+	require.Regexp(t, created.ID+`\s+client\s+usr_cli`, out)
+	require.NotContains(t, out, created.Key)
+}

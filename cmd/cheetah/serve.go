@@ -28,8 +28,10 @@ type serveCmd struct {
 	ShutdownTimeout  time.Duration `default:"15s" help:"How long shutdown waits for connections to close."`
 	KeyRateLimit     float64       `name:"key-rate-limit" default:"0" help:"Requests per second per API key; 0 is unlimited."`
 	FrameRateLimit   float64       `name:"frame-rate-limit" default:"0" help:"Frames per second per client; 0 is unlimited (over it: close 4429)."`
+	MaxBodyBytes     int64         `name:"max-body-bytes" default:"1048576" help:"Largest HTTP request body, in bytes."`
 	MaxInFlight      int           `name:"max-in-flight-per-context" default:"1024" help:"Commands admitted and not yet ended per context; a send past it is overloaded (503)."`
 	AllowedOrigins   []string      `name:"allowed-origins" help:"Origins (chrome-extension://<id>) that may open the client WebSocket; empty allows any."`
+	WebhookPrivate   bool          `name:"webhook-allow-private" help:"Let webhook callbacks reach private and loopback addresses, and allow http:// callbacks."`
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
 }
@@ -52,7 +54,8 @@ func (c *serveCmd) Run() error {
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
-		MaxInFlightPerContext: c.MaxInFlight, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
+		MaxInFlightPerContext: c.MaxInFlight, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
+		WebhookAllowPrivate: c.WebhookPrivate,
 	})
 	if err != nil {
 		return err

@@ -81,6 +81,9 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 	if err != nil {
 		return cheetah.Resolution{}, err
 	}
+	if so.OnAdmitted != nil {
+		so.OnAdmitted(cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID})
+	}
 	select {
 	case res := <-c.resolved:
 		return res, nil
@@ -131,6 +134,8 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*comman
 	if params != nil && !json.Valid(params) {
 		return nil, cheetah.Invalidf("params is not valid JSON")
 	}
+	// A JSON null is no target and no options, as in the HTTP API.
+	so.Target, so.Options = nullIsAbsent(so.Target), nullIsAbsent(so.Options)
 	if err := objectOrNull("target", so.Target); err != nil {
 		return nil, err
 	}
@@ -165,6 +170,13 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*comman
 			TraceID: traceID,
 		},
 	}, nil
+}
+
+func nullIsAbsent(m json.RawMessage) json.RawMessage {
+	if t := strings.TrimSpace(string(m)); t == "" || t == "null" {
+		return nil
+	}
+	return m
 }
 
 func objectOrNull(field string, v json.RawMessage) error {
@@ -228,7 +240,7 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 
 	// The record is written whatever the caller does meanwhile: once
 	// admitted, a command is either durable and dispatched or fully undone.
-	werr := r.store.Write(context.WithoutCancel(ctx), history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL})
+	werr := r.store.Write(context.WithoutCancel(ctx), history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
 
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -94,8 +94,13 @@ func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (che
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if wt.elem == nil {
-		// A context was handed over while the wait ended; it is ours.
+		// A context was handed over just as the wait ended. A caller that
+		// went away would never learn of it, so it goes back at once.
 		res := <-wt.ch
+		if cause != nil && res.err == nil {
+			r.release(res.lease)
+			return cheetah.Lease{}, cause
+		}
 		return res.lease, res.err
 	}
 	p.waiters.Remove(wt.elem)

@@ -215,9 +215,13 @@ func TestLostReasons(t *testing.T) {
 		_, err := e.reg.Renew(ctx, l, 0)
 		require.Equal(t, cheetah.LostNotLive, lostReason(t, err))
 		// hello, but no context reported yet
-		att := e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "a", Type: cheetah.Console}, newFakeConn())
+		conn := newFakeConn()
+		att := e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "a", Type: cheetah.Console}, conn)
 		require.Equal(t, cheetah.LostNotLive, lostReason(t, send(e, l)), "live only once a state report lists it")
 		e.reg.Report(att, []protocol.ContextReport{worker("w1")})
+		a := waitFor(t, conn, anyFrame[*protocol.Assignment])
+		require.Equal(t, protocol.AssignmentAssigned, a.State, "the new connection hears of the lease it carries")
+		require.Equal(t, l.Epoch, a.Epoch)
 		require.NoError(t, send(e, l), "the lease survived the grace")
 	})
 	t.Run("not worker", func(t *testing.T) {

@@ -156,8 +156,10 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 	return r, nil
 }
 
-// Close stops the expiry loop and resolves every waiting caller as
-// interrupted. It does not touch the store: the caller closes it after.
+// Close stops the expiry loop and every timer, fails waiting acquires and
+// resolves every waiting send as interrupted. It writes nothing: the caller
+// closes the store after, and the next start marks what was in flight
+// interrupted in history.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -165,6 +167,31 @@ func (r *Registry) Close() {
 		return
 	}
 	r.closed = true
+	shutdown := &cheetah.Error{Code: cheetah.CodeOverloaded, Message: "the broker is shutting down"}
+	for _, p := range r.users {
+		for e := p.waiters.Front(); e != nil; e = e.Next() {
+			wt := e.Value.(*waiter)
+			wt.elem = nil
+			wt.ch <- acquireResult{err: shutdown}
+		}
+		p.waiters.Init()
+		for _, c := range p.clients {
+			if c.grace != nil {
+				c.grace.Stop()
+				c.grace = nil
+			}
+		}
+	}
+	for _, c := range r.commands {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		if c.resolved != nil {
+			c.resolved <- cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted,
+				Error: &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker stopped"}}
+		}
+		r.forget(c)
+	}
 	r.mu.Unlock()
 	close(r.stop)
 	<-r.done

@@ -1,0 +1,40 @@
+// What the popup and the options page say about the connection. Pure, so
+// the wording is tested in Node.
+
+const LABELS = {
+  idle: 'Starting',
+  unconfigured: 'Not set up',
+  connecting: 'Connecting',
+  connected: 'Connected',
+  waiting: 'Reconnecting',
+  halted: 'Stopped',
+};
+
+/** describeState gives the pill's label and class and a line of detail. */
+export function describeState(s, now = Date.now()) {
+  if (!s) return { label: 'Starting', cls: 'idle', detail: '' };
+  const label = LABELS[s.state] ?? s.state;
+  let detail = s.detail ?? '';
+  if (s.state === 'waiting' && s.next_attempt_at) {
+    const secs = Math.max(0, Math.ceil((s.next_attempt_at - now) / 1000));
+    detail = `${detail ? detail + '. ' : ''}Next attempt in ${secs} s.`;
+  } else if (s.state === 'connected') {
+    const n = s.workers?.length ?? 0;
+    const busy = (s.workers ?? []).filter((w) => w.task_id).length;
+    detail = `${n} worker tab${n === 1 ? '' : 's'}, ${busy} under automation.`;
+  } else if (s.state === 'unconfigured' && !detail) {
+    detail = 'Open the options and paste a client key.';
+  }
+  return { label, cls: s.state, detail };
+}
+
+/** workerRows lists the worker tabs for the popup's table. */
+export function workerRows(s) {
+  return (s?.workers ?? []).map((w) => ({
+    tab: w.tab_id,
+    page: w.title || w.url || 'about:blank',
+    url: w.url || '',
+    task: w.task_id ?? null,
+    epoch: w.epoch ?? null,
+  }));
+}

@@ -1,0 +1,72 @@
+// The options page: broker URL, client key, pool size, name and labels, kept
+// in chrome.storage.local. The service worker notices the change and
+// reconnects.
+
+import { checkPoolSize } from './lib/pool.js';
+import { formatLabels, normalizeBrokerURL, parseLabels } from './lib/protocol.js';
+import { describeState } from './lib/view.js';
+
+const $ = (id) => document.getElementById(id);
+
+function show(status) {
+  const d = describeState(status);
+  $('state').textContent = d.label;
+  $('state').className = `pill ${d.cls}`;
+  $('detail').textContent = d.detail;
+  if (status?.client_id) $('client-id').textContent = status.client_id;
+}
+
+function say(text, ok) {
+  const m = $('message');
+  m.textContent = text;
+  m.className = ok ? 'ok' : 'error';
+}
+
+async function load() {
+  $('origin').textContent = location.origin;
+  const c = await chrome.storage.local.get(['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels']);
+  $('broker-url').value = c.brokerUrl ?? '';
+  $('client-key').value = c.clientKey ?? '';
+  $('pool-size').value = String(c.poolSize ?? 2);
+  $('name').value = c.name ?? '';
+  $('labels').value = formatLabels(c.labels);
+  if (c.clientId) $('client-id').textContent = c.clientId;
+  const { status } = await chrome.storage.session.get('status');
+  show(status);
+  try {
+    const fresh = await chrome.runtime.sendMessage({ type: 'status' });
+    if (fresh && !fresh.error) show(fresh);
+  } catch {
+    // the worker is starting
+  }
+}
+
+$('form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const brokerUrl = $('broker-url').value.trim();
+  const clientKey = $('client-key').value.trim();
+  let poolSize;
+  let labels;
+  try {
+    normalizeBrokerURL(brokerUrl);
+    if (clientKey === '') throw new Error('paste a client key');
+    poolSize = checkPoolSize($('pool-size').value);
+    labels = parseLabels($('labels').value);
+  } catch (e) {
+    say(e.message, false);
+    return;
+  }
+  const next = { brokerUrl, clientKey, poolSize, name: $('name').value.trim(), labels };
+  const prev = await chrome.storage.local.get(Object.keys(next));
+  const same = Object.keys(next).every((k) => JSON.stringify(prev[k]) === JSON.stringify(next[k]));
+  await chrome.storage.local.set(next);
+  // A change reconnects by itself; saving the same settings again is a
+  // request to try now (after a refused key was fixed on the broker, say).
+  if (same) await chrome.runtime.sendMessage({ type: 'reconnect' }).catch(() => {});
+  say('Saved.', true);
+});
+
+chrome.storage.session.onChanged.addListener((changes) => {
+  if (changes.status?.newValue) show(changes.status.newValue);
+});
+load();

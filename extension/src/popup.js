@@ -1,0 +1,82 @@
+// The popup: connection state, worker tabs, and which task holds which tab.
+// It reads the status the service worker publishes in storage.session, and
+// messages the worker once so that a stopped worker starts (and connects).
+
+import { describeState, workerRows } from './lib/view.js';
+
+const $ = (id) => document.getElementById(id);
+let status = null;
+
+function render() {
+  const d = describeState(status);
+  const pill = $('state');
+  pill.textContent = d.label;
+  pill.className = `pill ${d.cls}`;
+  $('detail').textContent = d.detail;
+  $('broker').textContent = status?.url ?? '—';
+  $('user').textContent = status?.user_id ?? '—';
+  $('client').textContent = status?.client_id ?? '—';
+  $('pool').textContent = status?.pool_size != null ? `(pool of ${status.pool_size})` : '';
+  const body = $('workers');
+  body.replaceChildren();
+  const rows = workerRows(status);
+  if (rows.length === 0) {
+    const tr = body.insertRow();
+    const td = tr.insertCell();
+    td.colSpan = 3;
+    td.className = 'muted';
+    td.textContent = 'none';
+    return;
+  }
+  for (const r of rows) {
+    const tr = body.insertRow();
+    tr.dataset.tabId = r.tab;
+    tr.insertCell().textContent = r.tab;
+    const page = tr.insertCell();
+    page.className = 'page';
+    page.textContent = r.page;
+    page.title = r.url;
+    const task = tr.insertCell();
+    if (r.task) {
+      task.className = 'task';
+      task.textContent = r.task;
+      task.title = `epoch ${r.epoch}`;
+    } else {
+      task.className = 'muted';
+      task.textContent = 'idle';
+    }
+  }
+}
+
+async function load() {
+  const { status: s } = await chrome.storage.session.get('status');
+  if (s) status = s;
+  render();
+  try {
+    const fresh = await chrome.runtime.sendMessage({ type: 'status' });
+    if (fresh && !fresh.error) {
+      status = fresh;
+      render();
+    }
+  } catch {
+    // the worker is starting; its status arrives through storage
+  }
+}
+
+chrome.storage.session.onChanged.addListener((changes) => {
+  if (changes.status?.newValue) {
+    status = changes.status.newValue;
+    render();
+  }
+});
+$('reconnect').addEventListener('click', async () => {
+  const fresh = await chrome.runtime.sendMessage({ type: 'reconnect' });
+  if (fresh && !fresh.error) {
+    status = fresh;
+    render();
+  }
+});
+$('options').addEventListener('click', () => chrome.runtime.openOptionsPage());
+// The "next attempt in" countdown.
+setInterval(render, 1000);
+load();

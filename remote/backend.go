@@ -1,0 +1,370 @@
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// New returns a Manager over the HTTP API of the broker at baseURL, acting
+// with key (an app key, or an admin key). It is the remote counterpart of
+// the broker's own Manager: the same methods, records and errors.
+func New(baseURL, key string, opts ...Option) *cheetah.Manager {
+	return cheetah.NewManager(&backend{c: NewClient(baseURL, key, opts...)})
+}
+
+// maxReleaseAll is how many tokens the broker takes in one release-all
+// request (server.MaxReleaseAll); larger sets go in several requests.
+const maxReleaseAll = 1000
+
+// backend implements cheetah.Backend over the HTTP API. The API identifies a
+// lease by its token alone, so that is all a handle sends.
+type backend struct {
+	c *Client
+}
+
+var _ cheetah.Backend = (*backend)(nil)
+
+type acquireBody struct {
+	UserID     string             `json:"user_id"`
+	TaskID     string             `json:"task_id"`
+	ClientType cheetah.ClientType `json:"client_type,omitempty"`
+	ClientID   string             `json:"client_id,omitempty"`
+	Labels     map[string]string  `json:"labels,omitempty"`
+	TTLS       *int64             `json:"ttl_s,omitempty"`
+	WaitMS     *int64             `json:"wait_ms,omitempty"`
+	RenewOnUse *bool              `json:"renew_on_use,omitempty"`
+}
+
+type leaseAnswer struct {
+	Lease cheetah.Lease `json:"lease"`
+}
+
+func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
+	body := acquireBody{
+		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
+		ClientID: req.ClientID, Labels: req.Labels, RenewOnUse: req.RenewOnUse,
+	}
+	if req.TTL != 0 {
+		s, err := ttlSeconds(req.TTL)
+		if err != nil {
+			return cheetah.Lease{}, err
+		}
+		body.TTLS = &s
+	}
+	if req.Wait != 0 {
+		// Rounded up, so that a short wait does not become no wait at all.
+		ms := req.Wait.Milliseconds()
+		switch {
+		case req.Wait > time.Duration(ms)*time.Millisecond:
+			ms++
+		case req.Wait < 0 && ms == 0:
+			ms = -1 // refused by the broker, as in process
+		}
+		body.WaitMS = &ms
+	}
+	var out leaseAnswer
+	if err := b.c.Do(ctx, "POST", "/api/v1/acquire", body, &out); err != nil {
+		return cheetah.Lease{}, err
+	}
+	return out.Lease, nil
+}
+
+// ttlSeconds turns a TTL into ttl_s. The API counts whole seconds, so a TTL
+// with a fraction is refused here exactly as the broker refuses it in
+// process; a TTL out of range is sent and refused by the broker.
+func ttlSeconds(ttl time.Duration) (int64, error) {
+	if ttl%time.Second != 0 {
+		return 0, cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+	}
+	return int64(ttl / time.Second), nil
+}
+
+type commandBody struct {
+	Name         string               `json:"name"`
+	Params       json.RawMessage      `json:"params,omitempty"`
+	Target       json.RawMessage      `json:"target,omitempty"`
+	Options      json.RawMessage      `json:"options,omitempty"`
+	ResponseMode cheetah.ResponseMode `json:"response_mode,omitempty"`
+	TimeoutMS    *int64               `json:"timeout_ms,omitempty"`
+}
+
+// commandRequest builds the body and headers of a send. What cannot be put
+// on the wire (params that do not encode) is refused with the error the
+// broker gives in process.
+func commandRequest(lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (commandBody, []string, error) {
+	body := commandBody{Name: cmd.Name, ResponseMode: so.ResponseMode}
+	switch p := cmd.Params.(type) {
+	case nil:
+	case json.RawMessage:
+		body.Params = p
+	default:
+		raw, err := json.Marshal(p)
+		if err != nil {
+			return body, nil, cheetah.Invalidf("params: %v", err)
+		}
+		body.Params = raw
+	}
+	if body.Params != nil && !json.Valid(body.Params) {
+		return body, nil, cheetah.Invalidf("params is not valid JSON")
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		dst  *json.RawMessage
+	}{{"target", so.Target, &body.Target}, {"options", so.Options, &body.Options}} {
+		if len(f.raw) > 0 && !json.Valid(f.raw) {
+			return body, nil, cheetah.Invalidf("%s must be a JSON object", f.name)
+		}
+		*f.dst = f.raw
+	}
+	if so.Timeout != 0 {
+		// Whole milliseconds, as the broker counts them in process; below
+		// one millisecond the broker refuses it.
+		ms := so.Timeout.Milliseconds()
+		if so.Timeout < 0 && ms == 0 {
+			ms = -1
+		}
+		body.TimeoutMS = &ms
+	}
+	headers := []string{"X-Lease", lease.LeaseToken}
+	if so.CallbackURL != "" {
+		headers = append(headers, "X-Callback-Url", so.CallbackURL)
+	}
+	return body, headers, nil
+}
+
+// errUnknownLease is what the broker answers for a token it never issued,
+// which an empty token is; the API cannot carry an empty X-Lease.
+func errUnknownLease() error { return &cheetah.LeaseLostError{Reason: cheetah.LostUnknownLease} }
+
+func (b *backend) Send(ctx context.Context, lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Sent, error) {
+	body, headers, err := commandRequest(lease, cmd, so)
+	if err != nil {
+		return cheetah.Sent{}, err
+	}
+	if lease.LeaseToken == "" {
+		return cheetah.Sent{}, errUnknownLease()
+	}
+	var out cheetah.Sent
+	if err := b.c.Do(ctx, "POST", "/api/v1/commands", body, &out, headers...); err != nil {
+		return cheetah.Sent{}, err
+	}
+	return out, nil
+}
+
+// SendAndWait holds one request open until the command resolves. The request
+// runs on the caller's context: when that ends, the request is closed, and
+// the broker ends the command cancelled, as it does for an in-process
+// caller that goes away. The answer is then the in-process one: a cancelled
+// resolution naming the command (the broker sends X-Command-Id and
+// X-Trace-Id as soon as the command is admitted) and ctx's error.
+func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Resolution, error) {
+	body, headers, err := commandRequest(lease, cmd, so)
+	if err != nil {
+		return cheetah.Resolution{}, err
+	}
+	if lease.LeaseToken == "" {
+		return cheetah.Resolution{}, errUnknownLease()
+	}
+	const path = "/api/v1/commands/wait"
+	cancelled := func(id, trace string) (cheetah.Resolution, error) {
+		cerr := ctx.Err()
+		return cheetah.Resolution{CommandID: id, TraceID: trace, Status: cheetah.StatusCancelled,
+			Error: &cheetah.ErrorInfo{Code: "cancelled", Message: cerr.Error()}}, cerr
+	}
+	resp, err := b.c.send(ctx, "POST", path, body, headers)
+	if err != nil {
+		if ctx.Err() != nil {
+			return cancelled("", "")
+		}
+		return cheetah.Resolution{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return cheetah.Resolution{}, decodeError(resp)
+	}
+	id, trace := resp.Header.Get("X-Command-Id"), resp.Header.Get("X-Trace-Id")
+	if so.OnAdmitted != nil && id != "" {
+		so.OnAdmitted(cheetah.Sent{CommandID: id, TraceID: trace})
+	}
+	var out struct {
+		Resolution cheetah.Resolution `json:"resolution"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		if ctx.Err() != nil {
+			return cancelled(id, trace)
+		}
+		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: decode the answer: %w", path, err)
+	}
+	return out.Resolution, nil
+}
+
+func (b *backend) Renew(ctx context.Context, lease cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
+	var body struct {
+		TTLS *int64 `json:"ttl_s,omitempty"`
+	}
+	if ttl != 0 {
+		s, err := ttlSeconds(ttl)
+		if err != nil {
+			return cheetah.Lease{}, err
+		}
+		body.TTLS = &s
+	}
+	if lease.LeaseToken == "" {
+		return cheetah.Lease{}, errUnknownLease()
+	}
+	var out leaseAnswer
+	if err := b.c.Do(ctx, "POST", "/api/v1/lease/renew", body, &out, "X-Lease", lease.LeaseToken); err != nil {
+		return cheetah.Lease{}, err
+	}
+	return out.Lease, nil
+}
+
+func (b *backend) Release(ctx context.Context, lease cheetah.Lease) (bool, error) {
+	if lease.LeaseToken == "" {
+		return false, nil // no lease carries an empty token
+	}
+	var out struct {
+		Released bool `json:"released"`
+	}
+	if err := b.c.Do(ctx, "POST", "/api/v1/lease/release", nil, &out, "X-Lease", lease.LeaseToken); err != nil {
+		return false, err
+	}
+	return out.Released, nil
+}
+
+// ReleaseAll sends the tokens in requests of at most maxReleaseAll. On an
+// error it returns how many leases the requests before it cleared.
+func (b *backend) ReleaseAll(ctx context.Context, tokens []string) (int, error) {
+	n := 0
+	for len(tokens) > 0 {
+		batch := tokens[:min(len(tokens), maxReleaseAll)]
+		tokens = tokens[len(batch):]
+		var out struct {
+			Released int `json:"released"`
+		}
+		if err := b.c.Do(ctx, "POST", "/api/v1/lease/release-all", map[string][]string{"lease_tokens": batch}, &out); err != nil {
+			return n, err
+		}
+		n += out.Released
+	}
+	return n, nil
+}
+
+func (b *backend) ListAvailable(ctx context.Context, userID string, clientType cheetah.ClientType) ([]cheetah.ContextSnapshot, error) {
+	p, err := userPath(userID)
+	if err != nil {
+		return nil, err
+	}
+	p += "/contexts/available"
+	if clientType != "" {
+		p += "?" + url.Values{"client_type": {string(clientType)}}.Encode()
+	}
+	var out struct {
+		Contexts []cheetah.ContextSnapshot `json:"contexts"`
+	}
+	if err := b.c.Do(ctx, "GET", p, nil, &out); err != nil {
+		return nil, err
+	}
+	if out.Contexts == nil {
+		out.Contexts = []cheetah.ContextSnapshot{}
+	}
+	return out.Contexts, nil
+}
+
+func (b *backend) TaskContexts(ctx context.Context, userID, taskID string) ([]cheetah.Lease, error) {
+	p, err := userPath(userID)
+	if err != nil {
+		return nil, err
+	}
+	if taskID == "" {
+		// No lease carries an empty task id, and a path cannot ask.
+		return []cheetah.Lease{}, nil
+	}
+	var out struct {
+		Leases []cheetah.Lease `json:"leases"`
+	}
+	if err := b.c.Do(ctx, "GET", p+"/tasks/"+segment(taskID)+"/leases", nil, &out); err != nil {
+		return nil, err
+	}
+	if out.Leases == nil {
+		out.Leases = []cheetah.Lease{}
+	}
+	return out.Leases, nil
+}
+
+func (b *backend) ReadCommand(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error) {
+	p, err := userPath(userID)
+	if err != nil {
+		return cheetah.CommandRecord{}, err
+	}
+	if commandID == "" {
+		// A path cannot ask; no command has an empty id.
+		return cheetah.CommandRecord{}, cheetah.NotFoundf("command %s not found", commandID)
+	}
+	var out struct {
+		Command cheetah.CommandRecord `json:"command"`
+	}
+	if err := b.c.Do(ctx, "GET", p+"/commands/"+segment(commandID), nil, &out); err != nil {
+		return cheetah.CommandRecord{}, err
+	}
+	return out.Command, nil
+}
+
+func (b *backend) ListCommands(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error) {
+	p, err := userPath(userID)
+	if err != nil {
+		return cheetah.CommandPage{}, err
+	}
+	v := url.Values{}
+	if q.TaskID != "" {
+		v.Set("task_id", q.TaskID)
+	}
+	if q.Limit != 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
+	}
+	p += "/commands"
+	if len(v) > 0 {
+		p += "?" + v.Encode()
+	}
+	var out cheetah.CommandPage
+	if err := b.c.Do(ctx, "GET", p, nil, &out); err != nil {
+		return cheetah.CommandPage{}, err
+	}
+	if out.Commands == nil {
+		out.Commands = []cheetah.CommandRecord{}
+	}
+	return out, nil
+}
+
+// userPath returns /api/v1/users/{userID}. A user id that is not well formed
+// is refused here with the broker's own error: it cannot be a path segment
+// safely (an empty one, or one with a slash, would reach another route).
+func userPath(userID string) (string, error) {
+	if !protocol.ValidUserID(userID) {
+		return "", cheetah.Invalidf("user_id %q is not a valid id", userID)
+	}
+	return "/api/v1/users/" + segment(userID), nil
+}
+
+// segment escapes one path segment, dot segments included, which a client
+// or proxy on the way would otherwise resolve away.
+func segment(s string) string {
+	switch s {
+	case ".":
+		return "%2E"
+	case "..":
+		return "%2E%2E"
+	}
+	return url.PathEscape(s)
+}

@@ -1,0 +1,202 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"net/url"
+	"strings"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/server/auth"
+)
+
+// MaxURLLen bounds a callback URL.
+const MaxURLLen = 2048
+
+// Check refuses, with invalid_request, a send whose callback cannot be
+// delivered: a URL that is not absolute https (http too when private
+// destinations are allowed), a literal private or loopback address or a
+// localhost name without AllowPrivate, response mode none (such a command
+// never ends), or nothing to sign with: a key without a webhook secret
+// (the bootstrap admin key), or, for an in-process send (no key id), a
+// broker without Config.Secret. A send without a callback passes.
+func (w *Worker) Check(ctx context.Context, so cheetah.SendOptions) error {
+	if so.CallbackURL == "" {
+		return nil
+	}
+	if so.ResponseMode == cheetah.ModeNone {
+		return cheetah.Invalidf("callback: a response_mode none command never ends, so there is nothing to deliver")
+	}
+	if err := w.CheckURL(so.CallbackURL); err != nil {
+		return err
+	}
+	if so.CallbackKeyID == "" {
+		if w.secret == nil {
+			return cheetah.Invalidf("callback: this broker has no webhook secret to sign in-process deliveries with (server.Options.WebhookSecret)")
+		}
+		return nil
+	}
+	secret, err := w.keys.WebhookSecret(ctx, so.CallbackKeyID)
+	switch {
+	case errors.Is(err, cheetah.ErrUnauthorized), errors.Is(err, cheetah.ErrNotFound):
+		return cheetah.Invalidf("callback: the key has no webhook secret")
+	case err != nil:
+		return cheetah.StoreUnavailable("callback: read the key's webhook secret", err)
+	case secret == "" && so.CallbackKeyID == auth.BootstrapID:
+		return cheetah.Invalidf("callback: the bootstrap admin key (CHEETAH_ADMIN_KEY) has no webhook secret to sign deliveries with; send with an app key")
+	case secret == "":
+		return cheetah.Invalidf("callback: the key has no webhook secret to sign deliveries with")
+	}
+	return nil
+}
+
+// CheckURL refuses a callback URL that the worker would not deliver to.
+// Names other than localhost are not resolved here: the worker checks the
+// address it actually connects to.
+func (w *Worker) CheckURL(raw string) error {
+	if len(raw) > MaxURLLen {
+		return cheetah.Invalidf("callback: the URL is longer than %d bytes", MaxURLLen)
+	}
+	u, err := url.Parse(raw)
+	if err != nil || !u.IsAbs() || u.Host == "" || u.Opaque != "" {
+		return cheetah.Invalidf("callback: not an absolute http(s) URL")
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !w.cfg.AllowPrivate {
+			return cheetah.Invalidf("callback: the URL must be https (http only with --webhook-allow-private)")
+		}
+	default:
+		return cheetah.Invalidf("callback: the URL must be https")
+	}
+	host := u.Hostname()
+	if host == "" {
+		return cheetah.Invalidf("callback: the URL has no host")
+	}
+	if w.cfg.AllowPrivate {
+		return nil
+	}
+	if why := nonPublicHost(host); why != "" {
+		return cheetah.Invalidf("callback: %s is %s address; private and loopback destinations need --webhook-allow-private", host, why)
+	}
+	return nil
+}
+
+// nonPublicHost says why a URL's host is not a public destination, as far
+// as can be told without resolving it: "" when it may be one.
+func nonPublicHost(host string) string {
+	name := strings.TrimSuffix(strings.ToLower(host), ".")
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return "a loopback"
+	}
+	return nonPublicIP(host)
+}
+
+// Address blocks that are not public beyond what netip's predicates cover.
+var reserved = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, and broadcast
+	netip.MustParsePrefix("fec0::/10"),     // deprecated site-local
+}
+
+// nonPublicIP says why a literal IP address is not a public destination:
+// "" when it is one, or when s is not an IP address.
+func nonPublicIP(s string) string {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return ""
+	}
+	a = a.Unmap().WithZone("")
+	switch {
+	case a.IsLoopback():
+		return "a loopback"
+	case a.IsPrivate():
+		return "a private"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "a link-local"
+	case a.IsUnspecified():
+		return "an unspecified"
+	case a.IsMulticast(), a.IsInterfaceLocalMulticast():
+		return "a multicast"
+	}
+	for _, p := range reserved {
+		if p.Contains(a) {
+			return "a reserved"
+		}
+	}
+	return ""
+}
+
+// Guard returns b with every Send and SendAndWait that names a callback
+// checked first (see Check): what Broker.Manager gives in-process callers.
+func (w *Worker) Guard(b cheetah.Backend) cheetah.Backend { return &guard{Backend: b, w: w} }
+
+type guard struct {
+	cheetah.Backend
+	w *Worker
+}
+
+func (g *guard) Send(ctx context.Context, l cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Sent, error) {
+	if so.CallbackURL != "" {
+		if err := g.w.Check(ctx, so); err != nil {
+			return cheetah.Sent{}, err
+		}
+	}
+	return g.Backend.Send(ctx, l, cmd, so)
+}
+
+func (g *guard) SendAndWait(ctx context.Context, l cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Resolution, error) {
+	if so.CallbackURL != "" {
+		if err := g.w.Check(ctx, so); err != nil {
+			return cheetah.Resolution{}, err
+		}
+	}
+	return g.Backend.SendAndWait(ctx, l, cmd, so)
+}
+
+// Tap returns s with the registry's writes watched: when a command sent with
+// a callback ends, the worker wakes once its terminal status is committed,
+// instead of at its next poll. It changes nothing that is written.
+func (w *Worker) Tap(s registry.Store) registry.Store { return &tap{Store: s, w: w} }
+
+type tap struct {
+	registry.Store
+	w *Worker
+}
+
+func (t *tap) Write(ctx context.Context, ops ...history.Op) error {
+	t.w.watch(ops)
+	ends := t.w.ends(ops)
+	err := t.Store.Write(ctx, ops...)
+	if err != nil {
+		t.w.unwatch(ops)
+		return err
+	}
+	if ends {
+		t.w.Notify()
+	}
+	return nil
+}
+
+func (t *tap) WriteAsync(done func(error), ops ...history.Op) {
+	t.w.watch(ops)
+	if t.w.ends(ops) {
+		inner := done
+		done = func(err error) {
+			if inner != nil {
+				inner(err)
+			}
+			if err == nil {
+				t.w.Notify()
+			}
+		}
+	}
+	t.Store.WriteAsync(done, ops...)
+}
