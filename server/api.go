@@ -263,7 +263,7 @@ func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (chee
 	if u := c.GetHeader("X-Callback-Url"); u != "" {
 		// Delivered once the command ends, signed with the requesting key's
 		// webhook secret (docs/behaviour.md, "Webhooks").
-		hooks := s.webhooks()
+		hooks := s.cfg.Webhooks
 		if hooks == nil {
 			s.fail(c, cheetah.Invalidf("X-Callback-Url: webhook delivery is not enabled on this broker"))
 			return lease, cheetah.Command{}, cheetah.SendOptions{}, false

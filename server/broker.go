@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -113,7 +112,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,
-		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly,
+		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly, Webhooks: hooks,
 	})
 	if err != nil {
 		reg.Close()
@@ -121,7 +120,6 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		store.Close()
 		return nil, err
 	}
-	srv.EnableWebhooks(hooks)
 	hooks.Start()
 	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks}, nil
 }
@@ -138,27 +136,5 @@ func (b *Broker) Close(ctx context.Context) error {
 	err := b.Server.Shutdown(ctx)
 	b.Registry.Close()
 	b.Webhooks.Close()
-	b.Server.EnableWebhooks(nil)
 	return errors.Join(err, b.Store.Close())
-}
-
-// webhookWorkers holds each Server's webhook worker. (It belongs in Server
-// itself; this keeps the webhook wiring out of server.go.)
-var webhookWorkers sync.Map // *Server → *webhook.Worker
-
-// EnableWebhooks makes s accept X-Callback-Url on sends, checked and
-// delivered by w; nil turns it off again. Without it, X-Callback-Url is
-// refused with 400. Open enables it; Broker.Close turns it off.
-func (s *Server) EnableWebhooks(w *webhook.Worker) {
-	if w == nil {
-		webhookWorkers.Delete(s)
-		return
-	}
-	webhookWorkers.Store(s, w)
-}
-
-func (s *Server) webhooks() *webhook.Worker {
-	w, _ := webhookWorkers.Load(s)
-	hooks, _ := w.(*webhook.Worker)
-	return hooks
 }

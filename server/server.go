@@ -22,6 +22,7 @@ import (
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/webhook"
 )
 
 // Config wires a Server. Zero durations and sizes take the defaults.
@@ -61,6 +62,10 @@ type Config struct {
 	// 127.0.0.1, [::1]) in its Host header: a broker bound to loopback is
 	// then out of reach of DNS rebinding from a web page.
 	LoopbackOnly bool
+	// Webhooks, when set, accepts X-Callback-Url on sends, checks it and
+	// delivers the record when the command ends; without it the header is
+	// refused with 400.
+	Webhooks *webhook.Worker
 }
 
 func (c *Config) fill() {
