@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,4 +38,17 @@ func TestFrameRateLimit(t *testing.T) {
 	}
 	c.send(&protocol.Ping{}) // one past it
 	c.expectClose(protocol.CloseRateLimited)
+}
+
+func TestBodyLimitEdge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *server.Config) { c.MaxBodyBytes = 256 })
+	body := func(n int) string {
+		head, tail := `{"user_id":"`+user+`","task_id":"`, `"}`
+		return head + strings.Repeat("t", n-len(head)-len(tail)) + tail
+	}
+	// At the limit the body is read and judged on its content (no client
+	// is connected, so nothing can be assigned).
+	b.expectError(409, "no_context_available", "no_eligible_client", "POST", "/api/v1/acquire", b.appKey, body(256))
+	b.expectError(413, "payload_too_large", "", "POST", "/api/v1/acquire", b.appKey, body(257))
 }
