@@ -1,0 +1,302 @@
+package harness
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	_ "github.com/glebarez/go-sqlite" // the driver the history store uses, for its version
+
+	"github.com/cheetahbroker/cheetah/bench/internal/machine"
+	"github.com/cheetahbroker/cheetah/bench/internal/peers"
+	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/bench/internal/stats"
+)
+
+// scenarioDef is one scenario of the issue.
+type scenarioDef struct {
+	number int
+	key    string
+	run    func(e *env) *report.Scenario
+}
+
+var scenarios = []scenarioDef{
+	{1, "latency", (*env).latency},
+	{2, "throughput", (*env).throughput},
+	{3, "churn", (*env).churn},
+	{4, "ingest", (*env).ingest},
+	{5, "connections", (*env).connections},
+}
+
+// env is what every scenario shares: the configuration, the log, and which
+// peers answered.
+type env struct {
+	ctx context.Context
+	cfg Config
+	log io.Writer
+
+	pg       *peers.Postgres
+	pgErr    error
+	natsErr  error
+	redisErr error
+
+	payload []byte // the params object of every command and message
+}
+
+// Run runs the configured scenarios and returns the report. Progress goes
+// to log. It fails only when the configuration is wrong; a peer that does
+// not answer is absent from its rows, and a run that fails is marked failed.
+func Run(ctx context.Context, cfg Config, log io.Writer) (*report.Report, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	e := &env{ctx: ctx, cfg: cfg, log: log, payload: Payload(cfg.PayloadBytes, cfg.Seed)}
+	rep := &report.Report{
+		Tool: "cheetah-bench", Cheetah: cfg.Version, StartedAt: time.Now(),
+		Machine: machine.Describe(), Settings: cfg,
+	}
+	rep.Versions = e.discover()
+	for i := range scenarios {
+		s := &scenarios[i]
+		if !cfg.wants(s) {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		e.logf("scenario %d: %s", s.number, s.key)
+		start, load := time.Now(), machine.LoadAvg()
+		sc := s.run(e)
+		sc.LoadStart, sc.LoadEnd = load, machine.LoadAvg()
+		rep.Scenarios = append(rep.Scenarios, sc)
+		e.logf("scenario %d: done in %s", s.number, time.Since(start).Round(time.Millisecond))
+	}
+	rep.Targets = targets(rep)
+	rep.Seconds = time.Since(rep.StartedAt).Seconds()
+	return rep, ctx.Err()
+}
+
+func (e *env) logf(format string, args ...any) {
+	fmt.Fprintf(e.log, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// discover reaches each peer once, for its version and to know who is
+// absent.
+func (e *env) discover() []report.Version {
+	var vs []report.Version
+	add := func(name, version, note string, err error) {
+		v := report.Version{Name: name, Version: version, Note: note}
+		if err != nil {
+			v = report.Version{Name: name, Absent: true, Note: err.Error()}
+		}
+		vs = append(vs, v)
+	}
+	add("Cheetah", orDev(e.cfg.Version), "", nil)
+	add("Go", runtime.Version(), "", nil)
+	add("raw echo", "in process", "github.com/coder/websocket "+module("github.com/coder/websocket"), nil)
+
+	nv, err := peers.NATSVersion(e.cfg.NATSURL)
+	e.natsErr = err
+	add("NATS server", nv, "nats.go "+module("github.com/nats-io/nats.go"), err)
+
+	rv, err := peers.RedisVersion(e.ctx, e.cfg.RedisAddr)
+	e.redisErr = err
+	add("Redis", rv, "go-redis "+module("github.com/redis/go-redis/v9"), err)
+
+	e.pg, e.pgErr = peers.DialPostgres(e.ctx, e.cfg.PostgresURL)
+	pv := ""
+	if e.pg != nil {
+		pv = e.pg.Version
+	}
+	add("PostgreSQL", pv, "pgx "+module("github.com/jackc/pgx/v5"), e.pgErr)
+
+	sv, err := sqliteVersion()
+	add("SQLite", sv, "modernc.org/sqlite "+module("modernc.org/sqlite")+", WAL, synchronous=FULL", err)
+	for _, v := range vs {
+		state := v.Version
+		if v.Absent {
+			state = "absent: " + v.Note
+		}
+		e.logf("peer %s: %s", v.Name, state)
+	}
+	return vs
+}
+
+func orDev(v string) string {
+	if v == "" {
+		return "dev"
+	}
+	return v
+}
+
+// module returns the version of a dependency this binary was built with.
+func module(path string) string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	for _, d := range bi.Deps {
+		if d.Path == path {
+			if d.Replace != nil {
+				return d.Replace.Version
+			}
+			return d.Version
+		}
+	}
+	return "unknown"
+}
+
+func sqliteVersion() (string, error) {
+	db, err := sql.Open("sqlite", ":memory:")
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var v string
+	err = db.QueryRow("select sqlite_version()").Scan(&v)
+	return v, err
+}
+
+// Payload returns a JSON object of exactly n bytes, {"pad":"…"}, its
+// letters drawn from a generator seeded with seed.
+func Payload(n int, seed uint64) []byte {
+	const head, tail = `{"pad":"`, `"}`
+	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	rng := rand.New(rand.NewPCG(seed, 1))
+	b := []byte(head)
+	for len(b) < n-len(tail) {
+		b = append(b, letters[rng.IntN(len(letters))])
+	}
+	return append(b, tail...)
+}
+
+// absentError marks a peer that could not be reached.
+type absentError struct{ err error }
+
+func (a absentError) Error() string { return a.err.Error() }
+func (a absentError) Unwrap() error { return a.err }
+
+func absent(err error) error { return absentError{err} }
+
+// trial is one repeat of one peer.
+type trial struct {
+	ctx     context.Context
+	i       int
+	profile string // where this trial's profiles go; empty for none
+}
+
+// measuring starts the measured phase: with profiling on, a CPU profile
+// runs until the returned function is called, which then also writes a heap
+// profile.
+func (t *trial) measuring() (stop func()) {
+	if t.profile == "" {
+		return func() {}
+	}
+	f, err := os.Create(t.profile + ".cpu.pprof")
+	if err != nil {
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if h, err := os.Create(t.profile + ".heap.pprof"); err == nil {
+			runtime.GC()
+			_ = pprof.Lookup("heap").WriteTo(h, 0)
+			h.Close()
+		}
+	}
+}
+
+// runner is one peer's setup: it returns the function of one repeat and
+// what to clean up.
+type runner func() (run func(t *trial) (map[string]float64, error), cleanup func(), err error)
+
+// row measures one peer: setup once, then cfg.Repeats runs, each bounded
+// by RunTimeout. A setup that fails with an absentError makes the row
+// absent; any other failure marks it failed. profile says whether the last
+// repeat is profiled (Cheetah's rows).
+func (e *env) row(sc, peer string, profile bool, setup runner) *report.Row {
+	row := &report.Row{Peer: peer}
+	e.logf("  %s: setting up", peer)
+	run, cleanup, err := setup()
+	if cleanup != nil {
+		defer cleanup()
+	}
+	if err != nil {
+		var ab absentError
+		if errors.As(err, &ab) {
+			row.Absent, row.Reason = true, "absent: "+err.Error()
+		} else {
+			row.Failed, row.Reason = true, "failed in setup: "+err.Error()
+		}
+		e.logf("  %s: %s", peer, row.Reason)
+		return row
+	}
+	figures := map[string][]float64{}
+	for i := range e.cfg.Repeats {
+		if e.ctx.Err() != nil {
+			row.Failed, row.Reason = true, "interrupted"
+			return row
+		}
+		runtime.GC()
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.RunTimeout)
+		t := &trial{ctx: ctx, i: i}
+		if profile && e.cfg.ProfileDir != "" && i == e.cfg.Repeats-1 {
+			t.profile = filepath.Join(e.cfg.ProfileDir, sc+"-"+slug(peer))
+		}
+		got, err := run(t)
+		cancel()
+		if err != nil {
+			row.Failed, row.Reason = true, fmt.Sprintf("failed in run %d: %v", i+1, err)
+			e.logf("  %s: %s", peer, row.Reason)
+			return row
+		}
+		var parts []string
+		for k, v := range got {
+			figures[k] = append(figures[k], v)
+			parts = append(parts, fmt.Sprintf("%s=%s", k, report.Num(v)))
+		}
+		slices.Sort(parts)
+		e.logf("  %s: run %d/%d: %s", peer, i+1, e.cfg.Repeats, strings.Join(parts, " "))
+	}
+	row.Values = map[string]stats.Summary{}
+	for k, runs := range figures {
+		row.Values[k] = stats.Summarize(runs)
+	}
+	return row
+}
+
+func slug(s string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-")
+}

@@ -1,0 +1,137 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cheetahbroker/cheetah/bench/internal/report"
+)
+
+func TestMain(m *testing.M) {
+	if IsChild() { // the connections scenario runs this binary as its server
+		os.Exit(ChildMain())
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmoke runs every scenario at tiny sizes: the harness's plumbing, not
+// Cheetah's speed. Peers that are not running are absent, which is fine;
+// the rows that need nothing outside this process must have figures.
+func TestSmoke(t *testing.T) {
+	cfg := Smoke()
+	if testing.Short() {
+		cfg.Only = []string{"latency", "connections"}
+	}
+	cfg.ProfileDir = t.TempDir()
+	cfg.Version = "test"
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	log := &testLog{t: t}
+	t.Cleanup(log.stop)
+	rep, err := Run(ctx, cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 5
+	if testing.Short() {
+		want = 2
+	}
+	if len(rep.Scenarios) != want {
+		t.Fatalf("%d scenarios, want %d", len(rep.Scenarios), want)
+	}
+	mustHave := map[string]bool{peerEcho: true, peerCheetahSQL: true, peerHistorySQLite: true, peerEchoServer: true, peerCheetahBroker: true}
+	for _, s := range rep.Scenarios {
+		for _, r := range s.Rows {
+			switch {
+			case r.OK():
+				// The first column is every peer's; later ones may be
+				// Cheetah's alone (store commits, agents dropped).
+				if _, ok := r.Values[s.Columns[0].Key]; !ok {
+					t.Errorf("%s / %s: no %s", s.Key, r.Peer, s.Columns[0].Key)
+				}
+			case mustHave[r.Peer]:
+				t.Errorf("%s / %s: %s", s.Key, r.Peer, r.Reason)
+			case r.Reason == "":
+				t.Errorf("%s / %s: absent or failed without a reason", s.Key, r.Peer)
+			default:
+				t.Logf("%s / %s: %s", s.Key, r.Peer, r.Reason)
+			}
+		}
+	}
+	var md bytes.Buffer
+	rep.Markdown(&md)
+	for _, s := range []string{"| peer | version |", "### 1. Round-trip latency", "| " + peerEcho + " | "} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown lacks %q", s)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := rep.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	var back report.Report
+	b, _ := os.ReadFile(path)
+	if err := json.Unmarshal(b, &back); err != nil || len(back.Scenarios) != want {
+		t.Fatalf("json round trip: %v, %d scenarios", err, len(back.Scenarios))
+	}
+	if _, err := os.Stat(filepath.Join(cfg.ProfileDir, "latency-cheetah-on-sqlite.cpu.pprof")); err != nil {
+		t.Errorf("no CPU profile: %v", err)
+	}
+}
+
+func TestPayload(t *testing.T) {
+	p := Payload(256, 1)
+	if len(p) != 256 || !json.Valid(p) {
+		t.Fatalf("%d bytes, valid %v: %s", len(p), json.Valid(p), p)
+	}
+	if !bytes.Equal(p, Payload(256, 1)) || bytes.Equal(p, Payload(256, 2)) {
+		t.Fatal("the payload follows its seed")
+	}
+}
+
+func TestConfigs(t *testing.T) {
+	for name, c := range map[string]Config{"full": Full(), "quick": Quick(), "smoke": Smoke()} {
+		if err := c.Check(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	c := Full()
+	c.Only = []string{"7"}
+	if c.Check() == nil {
+		t.Error("scenario 7 accepted")
+	}
+	c.Only = []string{"3", "Ingest"}
+	if c.Check() != nil || !c.wants(scenarioByName("churn")) || c.wants(scenarioByName("1")) {
+		t.Error("only")
+	}
+}
+
+// testLog sends the harness's progress to the test log, while the test
+// runs.
+type testLog struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.done {
+		l.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (l *testLog) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.done = true
+}

@@ -1,0 +1,289 @@
+package harness
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/bench/internal/broker"
+	"github.com/cheetahbroker/cheetah/bench/internal/peers"
+	"github.com/cheetahbroker/cheetah/bench/internal/report"
+)
+
+// Peer names, shared by the scenarios and the targets.
+const (
+	peerEcho         = "raw coder/websocket echo (floor)"
+	peerNATS         = "NATS request-reply"
+	peerNATSQueue    = "NATS request-reply, queue group"
+	peerCheetahSQL   = "Cheetah on SQLite"
+	peerCheetahPG    = "Cheetah on PostgreSQL"
+	peerCheetahPGAPI = "Cheetah on PostgreSQL, over HTTP (remote SDK)"
+	peerPGCommit     = "PostgreSQL one-row INSERT, its own commit (durability floor)"
+	peerSQLiteCommit = "SQLite one-row INSERT, its own commit (durability floor)"
+)
+
+func latencyColumns() []report.Column {
+	return []report.Column{
+		{Key: "p50", Label: "p50", Unit: "µs", Better: report.Lower},
+		{Key: "p99", Label: "p99", Unit: "µs", Better: report.Lower},
+		{Key: "p999", Label: "p99.9", Unit: "µs", Better: report.Lower},
+		{Key: "commits", Label: "store commits per round trip", Unit: "", Better: report.Lower},
+	}
+}
+
+// latency is scenario 1: one context, sequential round trips with a
+// payload-sized params object.
+func (e *env) latency() *report.Scenario {
+	c := e.cfg
+	s := &report.Scenario{
+		Number: 1, Key: "latency", Title: "Round-trip latency",
+		Detail: fmt.Sprintf("One context, %s per run (%s excluded), %d-byte params object echoed back, %s. "+
+			"Cheetah: SendAndWait in process through a console agent on a real WebSocket, every command and message durable before the caller hears. "+
+			"The durability floors time one durable commit of a one-row INSERT of the payload: a Cheetah round trip waits for at least two (the command's record before dispatch, its result before the caller hears).",
+			report.Count(c.RoundTrips, "sequential round trip"), report.Count(c.WarmupRoundTrips, "warm-up round trip"), c.PayloadBytes, report.Count(c.Repeats, "run")),
+		Columns: latencyColumns(),
+	}
+	s.Rows = append(s.Rows,
+		e.row(s.Key, peerEcho, false, e.echoRoundTrips),
+		e.row(s.Key, peerNATS, false, e.natsRoundTrips),
+		e.row(s.Key, peerCheetahSQL, true, e.cheetahRoundTrips(broker.SQLite, false)),
+		e.row(s.Key, peerCheetahPG, true, e.cheetahRoundTrips(broker.Postgres, false)),
+		e.row(s.Key, peerCheetahPGAPI, true, e.cheetahRoundTrips(broker.Postgres, true)),
+		e.row(s.Key, peerPGCommit, false, e.pgCommits),
+		e.row(s.Key, peerSQLiteCommit, false, e.sqliteCommits),
+	)
+	return s
+}
+
+// roundTrips is the measured part shared by every peer of scenario 1.
+func (e *env) roundTrips(t *trial, op func(ctx context.Context) error) (map[string]float64, error) {
+	lat, err := sequential(t.ctx, t, e.cfg.WarmupRoundTrips, e.cfg.RoundTrips, op)
+	if err != nil {
+		return nil, err
+	}
+	p := lat.Percentiles(50, 99, 99.9)
+	return map[string]float64{"p50": p[0], "p99": p[1], "p999": p[2]}, nil
+}
+
+func (e *env) echoRoundTrips() (func(*trial) (map[string]float64, error), func(), error) {
+	srv, err := peers.StartEcho()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, peers.DialTimeout)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, srv.URL, nil)
+	if err != nil {
+		srv.Close()
+		return nil, nil, err
+	}
+	conn.SetReadLimit(4 << 20)
+	cleanup := func() { conn.CloseNow(); srv.Close() }
+	op := func(ctx context.Context) error {
+		if err := conn.Write(ctx, websocket.MessageText, e.payload); err != nil {
+			return err
+		}
+		_, b, err := conn.Read(ctx)
+		if err != nil {
+			return err
+		}
+		if len(b) != len(e.payload) {
+			return fmt.Errorf("echo: %d bytes back, sent %d", len(b), len(e.payload))
+		}
+		return nil
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
+}
+
+func (e *env) natsRoundTrips() (func(*trial) (map[string]float64, error), func(), error) {
+	if e.natsErr != nil {
+		return nil, nil, absent(e.natsErr)
+	}
+	responder, err := peers.DialNATS(e.cfg.NATSURL, "cheetah-bench-responder")
+	if err != nil {
+		return nil, nil, absent(err)
+	}
+	requester, err := peers.DialNATS(e.cfg.NATSURL, "cheetah-bench-requester")
+	if err != nil {
+		responder.Close()
+		return nil, nil, absent(err)
+	}
+	cleanup := func() { requester.Close(); responder.Close() }
+	subject := fmt.Sprintf("cheetah.bench.%d.rt", os.Getpid())
+	if _, err := responder.Subscribe(subject, func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		return nil, cleanup, err
+	}
+	if err := responder.Flush(); err != nil {
+		return nil, cleanup, err
+	}
+	op := func(ctx context.Context) error {
+		m, err := requester.RequestWithContext(ctx, subject, e.payload)
+		if err != nil {
+			return err
+		}
+		if len(m.Data) != len(e.payload) {
+			return fmt.Errorf("nats: %d bytes back, sent %d", len(m.Data), len(e.payload))
+		}
+		return nil
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
+}
+
+// startBroker starts a broker on a store, making its PostgreSQL database
+// when it needs one. The cleanup stops the broker and drops the database.
+func (e *env) startBroker(store broker.Store) (*broker.Broker, func(), error) {
+	o := broker.Options{Store: store, Log: brokerLog(e.log)}
+	var drop func()
+	if store == broker.Postgres {
+		if e.pgErr != nil {
+			return nil, nil, absent(e.pgErr)
+		}
+		url, d, err := e.pg.CreateDB(e.ctx, "broker")
+		if err != nil {
+			return nil, nil, absent(err)
+		}
+		o.DatabaseURL, drop = url, d
+	}
+	b, err := broker.Start(e.ctx, o)
+	if err != nil {
+		if drop != nil {
+			drop()
+		}
+		return nil, nil, err
+	}
+	return b, func() {
+		b.Close()
+		if drop != nil {
+			drop()
+		}
+	}, nil
+}
+
+func (e *env) cheetahRoundTrips(store broker.Store, overHTTP bool) runner {
+	return func() (func(*trial) (map[string]float64, error), func(), error) {
+		b, cleanup, err := e.startBroker(store)
+		if err != nil {
+			return nil, cleanup, err
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		defer cancel()
+		if err := b.AddAgents(ctx, "rt", 1, 1); err != nil {
+			return nil, cleanup, err
+		}
+		if err := b.WaitIdle(ctx, 1); err != nil {
+			return nil, cleanup, err
+		}
+		mgr := b.Manager()
+		if overHTTP {
+			mgr = b.Remote(4)
+		}
+		h, err := mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: broker.User, TaskID: "latency", ClientType: cheetah.Console})
+		if err != nil {
+			return nil, cleanup, err
+		}
+		cmd := cheetah.Command{Name: "echo", Params: json.RawMessage(e.payload)}
+		op := func(ctx context.Context) error { return sendAndWait(ctx, h, cmd) }
+		return func(t *trial) (map[string]float64, error) {
+			before := b.B.Store.Stats()
+			out, err := e.roundTrips(t, op)
+			after := b.B.Store.Stats()
+			if err == nil {
+				// Warm-up included: commits are counted by the store, not per call.
+				n := float64(e.cfg.RoundTrips + e.cfg.WarmupRoundTrips)
+				out["commits"] = float64(after.Batches-before.Batches) / n
+			}
+			return out, err
+		}, cleanup, nil
+	}
+}
+
+// sendAndWait sends cmd and checks that it completed. The echo's result is
+// in history; the resolution carries only the status.
+func sendAndWait(ctx context.Context, h *cheetah.Handle, cmd cheetah.Command) error {
+	res, err := h.SendAndWait(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if res.Status != cheetah.StatusCompleted {
+		msg := string(res.Status)
+		if res.Error != nil {
+			msg += ": " + res.Error.Code + " " + res.Error.Message
+		}
+		return errors.New("send_and_wait: " + msg)
+	}
+	return nil
+}
+
+// brokerLog is where in-process brokers log: nowhere, unless
+// CHEETAH_BENCH_BROKER_LOG names a level (debug, info, warn, error), and
+// then to the harness's log.
+func brokerLog(w io.Writer) *slog.Logger {
+	var level slog.Level
+	if v := os.Getenv("CHEETAH_BENCH_BROKER_LOG"); v == "" || level.UnmarshalText([]byte(v)) != nil {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+func (e *env) pgCommits() (func(*trial) (map[string]float64, error), func(), error) {
+	if e.pgErr != nil {
+		return nil, nil, absent(e.pgErr)
+	}
+	url, drop, err := e.pg.CreateDB(e.ctx, "commit")
+	if err != nil {
+		return nil, nil, absent(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, peers.DialTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		drop()
+		return nil, nil, absent(err)
+	}
+	cleanup := func() { conn.Close(context.Background()); drop() }
+	if _, err := conn.Exec(ctx, `CREATE TABLE rows (id bigserial PRIMARY KEY, data text NOT NULL)`); err != nil {
+		return nil, cleanup, err
+	}
+	data := string(e.payload)
+	op := func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, `INSERT INTO rows (data) VALUES ($1)`, data)
+		return err
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
+}
+
+func (e *env) sqliteCommits() (func(*trial) (map[string]float64, error), func(), error) {
+	dir, err := os.MkdirTemp("", "cheetah-bench-commit-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	// The pragmas of the history store: WAL, synchronous=FULL.
+	db, err := sql.Open("sqlite", filepath.Join(dir, "commit.db")+"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(1)
+	cleanup := func() { db.Close(); os.RemoveAll(dir) }
+	if _, err := db.ExecContext(e.ctx, `CREATE TABLE rows (id INTEGER PRIMARY KEY, data TEXT NOT NULL)`); err != nil {
+		return nil, cleanup, err
+	}
+	data := string(e.payload)
+	op := func(ctx context.Context) error {
+		_, err := db.ExecContext(ctx, `INSERT INTO rows (data) VALUES (?)`, data)
+		return err
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
+}
