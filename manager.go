@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Backend is what a Manager runs on: the broker in this process, or the HTTP
@@ -26,22 +30,44 @@ type Backend interface {
 }
 
 // Manager borrows contexts for tasks. It is safe for concurrent use.
+//
+// Each call is one span (cheetah.Acquire, cheetah.SendAndWait, …) of the
+// tracer provider given with WithTracerProvider, and the parent of what the
+// broker does for it: a command's whole trace, down to the client's own
+// span, starts at the SDK call that sent it.
 type Manager struct {
-	b Backend
+	b      Backend
+	tracer trace.Tracer
 }
 
 // NewManager returns a Manager over b. Applications get one from the
 // broker (in process) or from the remote client package.
-func NewManager(b Backend) *Manager { return &Manager{b: b} }
+func NewManager(b Backend, opts ...ManagerOption) *Manager {
+	m := &Manager{b: b}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.tracer == nil {
+		m.tracer = defaultTracer()
+	}
+	return m
+}
 
 // Acquire assigns one idle context matching req to req.TaskID and returns
 // its handle. It fails with a *NoContextError when nothing can be assigned.
 func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (*Handle, error) {
+	ctx, span := start(ctx, m.tracer, "cheetah.Acquire", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attrUserID.String(req.UserID), attrTaskID.String(req.TaskID), attrClientType.String(string(req.ClientType))}
+	})
 	l, err := m.b.Acquire(ctx, req)
+	if err == nil && span.IsRecording() {
+		span.SetAttributes(leaseAttrs(l)...)
+	}
+	finish(span, err)
 	if err != nil {
 		return nil, err
 	}
-	return &Handle{b: m.b, lease: l}, nil
+	return &Handle{b: m.b, tracer: m.tracer, lease: l}, nil
 }
 
 // Renew extends h's lease by its TTL from now.
@@ -50,7 +76,11 @@ func (m *Manager) Renew(ctx context.Context, h *Handle) error { return h.Renew(c
 // Release gives h's lease back. It reports whether this call cleared the
 // lease; releasing a lease that already ended is not an error.
 func (m *Manager) Release(ctx context.Context, h *Handle) (bool, error) {
-	return m.b.Release(ctx, h.Lease())
+	l := h.Lease()
+	ctx, span := start(ctx, m.tracer, "cheetah.Release", func() []attribute.KeyValue { return leaseAttrs(l) })
+	ok, err := m.b.Release(ctx, l)
+	finish(span, err)
+	return ok, err
 }
 
 // ReleaseAll releases every handle and returns how many leases it cleared.
@@ -59,43 +89,70 @@ func (m *Manager) ReleaseAll(ctx context.Context, hs []*Handle) (int, error) {
 	for _, h := range hs {
 		tokens = append(tokens, h.Lease().LeaseToken)
 	}
-	return m.b.ReleaseAll(ctx, tokens)
+	ctx, span := start(ctx, m.tracer, "cheetah.ReleaseAll", nil)
+	n, err := m.b.ReleaseAll(ctx, tokens)
+	finish(span, err)
+	return n, err
 }
 
 // ListAvailable returns the user's idle contexts of a client type, longest
 // idle first. An empty clientType lists every type.
 func (m *Manager) ListAvailable(ctx context.Context, userID string, clientType ClientType) ([]ContextSnapshot, error) {
-	return m.b.ListAvailable(ctx, userID, clientType)
+	ctx, span := start(ctx, m.tracer, "cheetah.ListAvailable", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attrUserID.String(userID)}
+	})
+	out, err := m.b.ListAvailable(ctx, userID, clientType)
+	finish(span, err)
+	return out, err
 }
 
 // TaskContexts returns the live leases that carry a task, without tokens.
 func (m *Manager) TaskContexts(ctx context.Context, taskID, userID string) ([]Lease, error) {
-	return m.b.TaskContexts(ctx, userID, taskID)
+	ctx, span := start(ctx, m.tracer, "cheetah.TaskContexts", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attrUserID.String(userID), attrTaskID.String(taskID)}
+	})
+	out, err := m.b.TaskContexts(ctx, userID, taskID)
+	finish(span, err)
+	return out, err
 }
 
 // History reads the durable command history.
-func (m *Manager) History() *History { return &History{b: m.b} }
+func (m *Manager) History() *History { return &History{b: m.b, tracer: m.tracer} }
 
 // History reads commands and every message that came back for them.
-type History struct{ b Backend }
+type History struct {
+	b      Backend
+	tracer trace.Tracer
+}
 
 // Read returns one command of a user. A command of another user is not found.
 func (h *History) Read(ctx context.Context, userID, commandID string) (CommandRecord, error) {
-	return h.b.ReadCommand(ctx, userID, commandID)
+	ctx, span := start(ctx, h.tracer, "cheetah.History.Read", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attrUserID.String(userID), attrCommandID.String(commandID)}
+	})
+	rec, err := h.b.ReadCommand(ctx, userID, commandID)
+	finish(span, err)
+	return rec, err
 }
 
 // List returns a page of a user's commands, newest first.
 func (h *History) List(ctx context.Context, userID string, q ListQuery) (CommandPage, error) {
-	return h.b.ListCommands(ctx, userID, q)
+	ctx, span := start(ctx, h.tracer, "cheetah.History.List", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attrUserID.String(userID)}
+	})
+	page, err := h.b.ListCommands(ctx, userID, q)
+	finish(span, err)
+	return page, err
 }
 
 // Handle is one acquired context. Every send, renew and release through it is
 // checked against the context's current lease, so a stale handle can never
 // act through a later assignment.
 type Handle struct {
-	b     Backend
-	mu    sync.Mutex
-	lease Lease
+	b      Backend
+	tracer trace.Tracer
+	mu     sync.Mutex
+	lease  Lease
 }
 
 // Lease returns the handle's lease as last known, token included. ExpiresAt
@@ -125,7 +182,15 @@ func (h *Handle) String() string {
 // Send dispatches cmd without waiting (response mode async unless an option
 // says otherwise) and returns its command id once the record is durable.
 func (h *Handle) Send(ctx context.Context, cmd Command, opts ...SendOption) (string, error) {
-	s, err := h.b.Send(ctx, h.Lease(), cmd, buildSendOptions(ModeAsync, opts))
+	l := h.Lease()
+	ctx, span := start(ctx, h.tr(), "cheetah.Send", func() []attribute.KeyValue {
+		return append(leaseAttrs(l), attrCommandName.String(cmd.Name))
+	})
+	s, err := h.b.Send(ctx, l, cmd, buildSendOptions(ModeAsync, opts))
+	if err == nil && span.IsRecording() {
+		span.SetAttributes(attrCommandID.String(s.CommandID))
+	}
+	finish(span, err)
 	if err != nil {
 		return "", err
 	}
@@ -137,7 +202,20 @@ func (h *Handle) Send(ctx context.Context, cmd Command, opts ...SendOption) (str
 // returns completed or failed, History().Read already has the terminal
 // message.
 func (h *Handle) SendAndWait(ctx context.Context, cmd Command, opts ...SendOption) (Resolution, error) {
-	return h.b.SendAndWait(ctx, h.Lease(), cmd, buildSendOptions(ModeRPC, opts))
+	l := h.Lease()
+	ctx, span := start(ctx, h.tr(), "cheetah.SendAndWait", func() []attribute.KeyValue {
+		return append(leaseAttrs(l), attrCommandName.String(cmd.Name))
+	})
+	res, err := h.b.SendAndWait(ctx, l, cmd, buildSendOptions(ModeRPC, opts))
+	if res.CommandID != "" && span.IsRecording() {
+		span.SetAttributes(attrCommandID.String(res.CommandID), attrStatus.String(string(res.Status)))
+		if err == nil && res.Status != StatusCompleted {
+			// The call worked; the command did not.
+			span.SetStatus(codes.Error, string(res.Status))
+		}
+	}
+	finish(span, err)
+	return res, err
 }
 
 // Renew extends the lease by its TTL from now.
@@ -147,7 +225,10 @@ func (h *Handle) Renew(ctx context.Context) error {
 
 // RenewFor extends the lease by ttl from now; zero keeps its TTL.
 func (h *Handle) RenewFor(ctx context.Context, ttl time.Duration) error {
-	l, err := h.b.Renew(ctx, h.Lease(), ttl)
+	cur := h.Lease()
+	ctx, span := start(ctx, h.tr(), "cheetah.Renew", func() []attribute.KeyValue { return leaseAttrs(cur) })
+	l, err := h.b.Renew(ctx, cur, ttl)
+	finish(span, err)
 	if err != nil {
 		return err
 	}
@@ -155,6 +236,15 @@ func (h *Handle) RenewFor(ctx context.Context, ttl time.Duration) error {
 	h.lease.ExpiresAt, h.lease.TTLSeconds = l.ExpiresAt, l.TTLSeconds
 	h.mu.Unlock()
 	return nil
+}
+
+// tr is the handle's tracer; a Handle made outside a Manager has the
+// global one.
+func (h *Handle) tr() trace.Tracer {
+	if h.tracer == nil {
+		return defaultTracer()
+	}
+	return h.tracer
 }
 
 // SendOption adjusts one send.

@@ -173,8 +173,9 @@ type SendOptions struct {
 	// secret (server.Options.WebhookSecret).
 	CallbackKeyID string
 	// OnAdmitted, when set, is called once the command's record is durable,
-	// before any wait: the HTTP API uses it to name the command to a caller
-	// that may go away before the resolution.
+	// before any wait (in process: before the command is dispatched): the
+	// HTTP API uses it to name the command to a caller that may go away
+	// before the resolution.
 	OnAdmitted func(Sent) `json:"-"`
 }
 

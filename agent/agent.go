@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -59,6 +62,12 @@ type Config struct {
 	// sends nothing at all for three intervals is taken for gone, and the
 	// agent reconnects. Default DefaultPingInterval.
 	PingInterval time.Duration
+	// TracerProvider makes the span of each command the agent runs
+	// (cheetah.agent.command), a child of the broker's dispatch span named
+	// by the command frame's traceparent; a handler's context carries it,
+	// so the handler's own spans nest under it. Nil is otel's global
+	// provider, a no-op unless the program installed an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 // Session describes the connection the broker welcomed.
@@ -72,10 +81,11 @@ type Session struct {
 // Agent is one client of a broker. Create it with New, register handlers
 // with Handle, and call Run.
 type Agent struct {
-	cfg   Config
-	log   *slog.Logger
-	flows map[string]*flow
-	order []*flow // the flows in report order, flow-1 first
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	flows  map[string]*flow
+	order  []*flow // the flows in report order, flow-1 first
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -109,8 +119,13 @@ func New(cfg Config) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
 	a := &Agent{
 		cfg:      cfg,
+		tracer:   tp.Tracer("github.com/cheetahbroker/cheetah/agent"),
 		log:      log.With("client_id", cfg.ClientID),
 		flows:    make(map[string]*flow, cfg.Flows),
 		handlers: make(map[string]Handler),
@@ -218,7 +233,12 @@ func (a *Agent) connectLoop(ctx context.Context, target string) error {
 			return err
 		}
 		d := b.next()
-		a.log.Warn("agent: connection lost; reconnecting", "err", err, "retry_in", d)
+		if ce, ok := errors.AsType[*CloseError](err); ok && ce.Code == protocol.CloseGoingAway {
+			// A broker that restarts says so: expected.
+			a.log.Info("agent: the broker is going away; reconnecting", "err", err, "retry_in", d)
+		} else {
+			a.log.Warn("agent: connection lost; reconnecting", "err", err, "retry_in", d)
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

@@ -11,6 +11,10 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/cheetahbroker/cheetah/agent"
@@ -179,7 +183,7 @@ func TestCommandErrors(t *testing.T) {
 	require.True(t, ok)
 }
 
-func TestTraceparentAndOptionsAreIgnored(t *testing.T) {
+func TestTraceparentAndOptionsDoNotChangeTheResult(t *testing.T) {
 	t.Parallel()
 	b := newFakeBroker(t, 1<<20)
 	_, bc := startConnected(t, b, testConfig(b), map[string]agent.Handler{"echo": agent.Echo()})
@@ -190,6 +194,55 @@ func TestTraceparentAndOptionsAreIgnored(t *testing.T) {
 	cmd.Target = json.RawMessage(`{"tab_id":"1"}`)
 	cmd.ResponseMode = protocol.ResponseAsync
 	require.IsType(t, &protocol.Result{}, bc.result(t, cmd))
+}
+
+// Each command is a span that continues the trace the frame's traceparent
+// names, ended before the terminal message leaves; the handler's context
+// carries it. A frame without a usable traceparent starts a trace.
+func TestCommandSpanContinuesTheTrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	b := newFakeBroker(t, 1<<20)
+	cfg := testConfig(b)
+	cfg.TracerProvider = tp
+	seen := make(chan trace.SpanContext, 4)
+	_, bc := startConnected(t, b, cfg, map[string]agent.Handler{
+		"look": func(ctx context.Context, _ *protocol.Command, _ agent.Output) (any, error) {
+			seen <- trace.SpanContextFromContext(ctx)
+			return nil, nil
+		},
+		"fail": func(context.Context, *protocol.Command, agent.Output) (any, error) {
+			return nil, &agent.CommandError{Code: "nope"}
+		},
+	})
+
+	cmd := command("c1", "flow-1", "look", `{}`)
+	cmd.Traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	require.IsType(t, &protocol.Result{}, bc.result(t, cmd))
+	spans := exp.GetSpans()
+	require.Len(t, spans, 1, "ended before the result was sent")
+	sp := spans[0]
+	require.Equal(t, "cheetah.agent.command", sp.Name)
+	require.Equal(t, trace.SpanKindConsumer, sp.SpanKind)
+	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", sp.SpanContext.TraceID().String())
+	require.Equal(t, "b7ad6b7169203331", sp.Parent.SpanID().String())
+	require.True(t, sp.Parent.IsRemote())
+	require.Equal(t, sp.SpanContext.SpanID(), (<-seen).SpanID(), "the handler runs inside the span")
+	var events []string
+	for _, e := range sp.Events {
+		events = append(events, e.Name)
+	}
+	require.Equal(t, []string{"ack sent", "send result"}, events)
+
+	exp.Reset()
+	cmd = command("c2", "flow-1", "fail", `{}`)
+	cmd.Traceparent = "not a traceparent"
+	require.IsType(t, &protocol.Error{}, bc.result(t, cmd))
+	sp = exp.GetSpans()[0]
+	require.False(t, sp.Parent.IsValid(), "a trace of its own")
+	require.Equal(t, codes.Error, sp.Status.Code)
+	require.Equal(t, "nope", sp.Status.Description)
 }
 
 // blocker is a handler that runs until the test lets it end or its context

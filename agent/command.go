@@ -13,6 +13,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -111,6 +116,8 @@ type job struct {
 	release func() // frees the context's resources once the command ended
 	cancel  context.CancelCauseFunc
 	state   atomic.Int32
+	span    trace.Span   // the client side of the command's trace
+	log     *slog.Logger // names the session and the command
 }
 
 // timeoutError is the cause of a command context that hit timeout_ms.
@@ -196,20 +203,24 @@ func (f *flow) serve(quit <-chan struct{}, run func(*job)) {
 // flows' workers.
 func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command) {
 	log := s.log.With("command_id", cmd.CommandID, "command", cmd.Name, "context_id", cmd.ContextID)
+	ctx, span := a.startSpan(ctx, cmd)
 	if err := s.write(context.Background(), &protocol.Ack{CommandID: cmd.CommandID}); err != nil {
 		log.Warn("agent: ack failed", "err", err)
+	} else {
+		span.AddEvent("ack sent")
 	}
 	f := a.flows[cmd.ContextID]
 	if f == nil {
-		a.reject(log, cmd, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
+		a.reject(log, span, cmd, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
 		return
 	}
 	h := a.handler(cmd.Name)
 	if h == nil {
-		a.reject(log, cmd, CodeUnknownCommandName, fmt.Sprintf("this agent has no command %q", cmd.Name))
+		a.reject(log, span, cmd, CodeUnknownCommandName, fmt.Sprintf("this agent has no command %q", cmd.Name))
 		return
 	}
 	j := newJob(ctx, cmd, h)
+	j.span, j.log = span, log
 	a.mu.Lock()
 	_, dup := a.jobs[cmd.CommandID]
 	if !dup {
@@ -220,6 +231,8 @@ func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command
 		// The broker dispatches a command once; a repeat is a broker bug, and
 		// running the command twice would be worse than ignoring it.
 		log.Warn("agent: ignoring a repeated command id")
+		span.SetStatus(codes.Error, "repeated command id")
+		span.End()
 		j.release()
 		return
 	}
@@ -242,13 +255,58 @@ func newJob(ctx context.Context, cmd *protocol.Command, h Handler) *job {
 	return j
 }
 
+// startSpan starts the client side of the command's trace: a child of the
+// broker's dispatch span that the frame's traceparent names. A frame without
+// one (or with one that does not parse) starts a trace of its own.
+func (a *Agent) startSpan(ctx context.Context, cmd *protocol.Command) (context.Context, trace.Span) {
+	if cmd.Traceparent != "" {
+		ctx = traceContext.Extract(ctx, propagation.MapCarrier{"traceparent": cmd.Traceparent})
+	}
+	ctx, span := a.tracer.Start(ctx, "cheetah.agent.command", trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("cheetah.command_id", cmd.CommandID),
+			attribute.String("cheetah.command.name", cmd.Name),
+			attribute.String("cheetah.context_id", cmd.ContextID),
+			attribute.String("cheetah.task_id", cmd.TaskID),
+			attribute.Int64("cheetah.epoch", cmd.Epoch),
+			attribute.String("cheetah.response_mode", string(cmd.ResponseMode)),
+		)
+	}
+	return ctx, span
+}
+
+// traceContext reads the W3C traceparent of command frames.
+var traceContext = propagation.TraceContext{}
+
+// endSpan ends a command's span with the frame that ends the command, about
+// to be sent unless response mode none says otherwise. It is called before
+// that frame is sent, so the client's span is complete by the time the
+// broker learns the command ended.
+func endSpan(span trace.Span, f protocol.Frame, sent bool) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	if e, ok := f.(*protocol.Error); ok {
+		span.SetAttributes(attribute.String("cheetah.error.code", string(e.Code)))
+		span.SetStatus(codes.Error, string(e.Code))
+	}
+	if sent {
+		span.AddEvent("send " + string(f.FrameType()))
+	}
+	span.End()
+}
+
 // reject ends a command the agent cannot run.
-func (a *Agent) reject(log *slog.Logger, cmd *protocol.Command, code, msg string) {
+func (a *Agent) reject(log *slog.Logger, span trace.Span, cmd *protocol.Command, code, msg string) {
 	log.Warn("agent: rejecting a command", "code", code)
+	f := &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg}
+	endSpan(span, f, cmd.ResponseMode != protocol.ResponseNone)
 	if cmd.ResponseMode == protocol.ResponseNone {
 		return
 	}
-	a.sendTerminal(cmd, &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg})
+	a.sendTerminal(log, cmd, f)
 }
 
 // onCancel cancels a command's context. A command still queued is answered
@@ -289,8 +347,7 @@ func (a *Agent) call(j *job) (result any, err error) {
 	defer out.done.Store(true)
 	defer func() {
 		if v := recover(); v != nil {
-			a.log.Error("agent: handler panicked", "command_id", j.cmd.CommandID,
-				"command", j.cmd.Name, "panic", v, "stack", string(debug.Stack()))
+			j.logger(a).Error("agent: handler panicked", "panic", v, "stack", string(debug.Stack()))
 			result, err = nil, &panicError{value: v}
 		}
 	}()
@@ -305,20 +362,31 @@ func (a *Agent) finish(j *job, result any, err error) {
 	a.mu.Unlock()
 	f := terminal(j, result, err)
 	j.release()
+	log := j.logger(a)
 	if e, ok := f.(*protocol.Error); ok {
-		a.log.Info("agent: command failed", "command_id", j.cmd.CommandID, "command", j.cmd.Name,
-			"code", e.Code, "message", e.Message)
+		log.Info("agent: command failed", "code", e.Code, "message", e.Message)
+	}
+	if j.span != nil {
+		endSpan(j.span, f, j.cmd.ResponseMode != protocol.ResponseNone)
 	}
 	if j.cmd.ResponseMode == protocol.ResponseNone {
 		return
 	}
-	a.sendTerminal(j.cmd, f)
+	a.sendTerminal(log, j.cmd, f)
+}
+
+// logger returns the job's logger: the session's, with the command named.
+func (j *job) logger(a *Agent) *slog.Logger {
+	if j.log != nil {
+		return j.log
+	}
+	return a.log.With("command_id", j.cmd.CommandID, "command", j.cmd.Name)
 }
 
 // sendTerminal sends a result or error frame. A result too large for the
 // broker is replaced by an error saying so, and an error whose data is too
 // large is sent without its data, so that the command still ends.
-func (a *Agent) sendTerminal(cmd *protocol.Command, f protocol.Frame) {
+func (a *Agent) sendTerminal(log *slog.Logger, cmd *protocol.Command, f protocol.Frame) {
 	err := a.send(f)
 	if errors.Is(err, ErrTooLarge) {
 		switch f := f.(type) {
@@ -331,7 +399,7 @@ func (a *Agent) sendTerminal(cmd *protocol.Command, f protocol.Frame) {
 		}
 	}
 	if err != nil {
-		a.log.Warn("agent: terminal message not sent", "command_id", cmd.CommandID, "err", err)
+		log.Warn("agent: terminal message not sent", "err", err)
 	}
 }
 

@@ -206,7 +206,11 @@ func (s *session) readLoop(ctx context.Context, a *Agent) error {
 				"epoch", f.Epoch, "state", f.State)
 		case *protocol.Error:
 			s.lastError = f
-			s.log.Warn("agent: the broker reported an error", "code", f.Code,
+			level := slog.LevelWarn
+			if f.Code == protocol.CloseGoingAway.ErrorCode() {
+				level = slog.LevelDebug // the broker is stopping: expected
+			}
+			s.log.Log(context.Background(), level, "agent: the broker reported an error", "code", f.Code,
 				"message", f.Message, "command_id", f.CommandID)
 		case *protocol.Pong:
 		default:

@@ -26,6 +26,7 @@ import (
 	sqlitedriver "github.com/glebarez/go-sqlite"
 	gormsqlite "github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/metric"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
@@ -48,6 +49,9 @@ type Config struct {
 	// adding requests once a batch holds this many (one request is never
 	// split). Default 512, at most 4096.
 	BatchSize int
+	// MeterProvider makes the writer's metrics (commit latency and batch
+	// size); nil records none.
+	MeterProvider metric.MeterProvider
 }
 
 // The dialects a Store runs on.
@@ -84,6 +88,7 @@ type Store struct {
 	closeErr  error
 
 	stats stats
+	inst  writerInstruments
 }
 
 // maxBatchSize keeps the one seq query of a batch (an IN list with a
@@ -113,6 +118,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		// commit is in flight; beyond that WriteAsync blocks (backpressure).
 		queue:   make(chan request, 4*cfg.BatchSize),
 		stopped: make(chan struct{}),
+	}
+	if err := s.inst.init(cfg.MeterProvider); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("history.Open: metrics: %w", err)
 	}
 	go s.run()
 	return s, nil

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	"gorm.io/gorm"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -87,6 +90,49 @@ type Stats struct {
 }
 
 type stats struct{ batches, ops, retries atomic.Int64 }
+
+// writerInstruments are the writer's OpenTelemetry metrics: how long each
+// transaction took and how many ops it held, by outcome (ok or error).
+type writerInstruments struct {
+	latency metric.Float64Histogram
+	size    metric.Int64Histogram
+	// ok and error are built once: a fresh variadic slice per Record would
+	// allocate on every commit.
+	ok, error []metric.RecordOption
+}
+
+func (w *writerInstruments) init(mp metric.MeterProvider) error {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	m := mp.Meter("github.com/cheetahbroker/cheetah/history")
+	var err error
+	w.latency, err = m.Float64Histogram("cheetah.history.write.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time one group-commit transaction of the history writer took, by outcome."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	if err != nil {
+		return err
+	}
+	w.size, err = m.Int64Histogram("cheetah.history.write.batch_size", metric.WithUnit("{op}"),
+		metric.WithDescription("Ops in one group-commit transaction of the history writer, by outcome."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+	if err != nil {
+		return err
+	}
+	w.ok = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "ok")))}
+	w.error = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "error")))}
+	return nil
+}
+
+func (w *writerInstruments) record(d time.Duration, ops int, err error) {
+	opts := w.ok
+	if err != nil {
+		opts = w.error
+	}
+	ctx := context.Background()
+	w.latency.Record(ctx, d.Seconds(), opts...)
+	w.size.Record(ctx, int64(ops), opts...)
+}
 
 // Stats returns the writer's counters since Open.
 func (s *Store) Stats() Stats {
@@ -253,7 +299,9 @@ func (s *Store) commit(batch []request) {
 // ops in order: a command's insert precedes its status and messages, status
 // changes keep their order (the first terminal wins), and messages keep
 // their order (their seq).
-func (s *Store) apply(ops []Op) error {
+func (s *Store) apply(ops []Op) (err error) {
+	start := time.Now()
+	defer func() { s.inst.record(time.Since(start), len(ops), err) }()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
 	var (
@@ -274,7 +322,7 @@ func (s *Store) apply(ops []Op) error {
 			deliveries = append(deliveries, o)
 		}
 	}
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if len(cmds) > 0 {
 			// Chunks keep a statement under the dialects' bind-parameter
 			// limits (65535 for PostgreSQL, 32766 for SQLite) whatever

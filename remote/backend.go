@@ -16,7 +16,8 @@ import (
 // with key (an app key, or an admin key). It is the remote counterpart of
 // the broker's own Manager: the same methods, records and errors.
 func New(baseURL, key string, opts ...Option) *cheetah.Manager {
-	return cheetah.NewManager(&backend{c: NewClient(baseURL, key, opts...)})
+	c := NewClient(baseURL, key, opts...)
+	return cheetah.NewManager(&backend{c: c}, cheetah.WithTracerProvider(c.tp))
 }
 
 // maxReleaseAll is how many tokens the broker takes in one release-all
@@ -159,12 +160,19 @@ func (b *backend) Send(ctx context.Context, lease cheetah.Lease, cmd cheetah.Com
 	return out, nil
 }
 
-// SendAndWait holds one request open until the command resolves. The request
-// runs on the caller's context: when that ends, the request is closed, and
-// the broker ends the command cancelled, as it does for an in-process
-// caller that goes away. The answer is then the in-process one: a cancelled
-// resolution naming the command (the broker sends X-Command-Id and
-// X-Trace-Id as soon as the command is admitted) and ctx's error.
+// admissionGrace is how long a caller that went away before the broker
+// answered still waits for the answer's headers, which name the command.
+const admissionGrace = time.Second
+
+// SendAndWait holds one request open until the command resolves. When the
+// caller's context ends, the request is closed, and the broker ends the
+// command cancelled, as it does for an in-process caller that goes away.
+// The answer is then the in-process one: a cancelled resolution naming the
+// command (the broker sends X-Command-Id and X-Trace-Id as soon as the
+// command is admitted, before it is dispatched) and ctx's error. A caller
+// that goes away before that answer has come waits for it up to
+// admissionGrace more, so that a command that was admitted is named (in
+// process, the call always returns after the admission).
 func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Resolution, error) {
 	body, headers, err := commandRequest(lease, cmd, so)
 	if err != nil {
@@ -179,7 +187,29 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		return cheetah.Resolution{CommandID: id, TraceID: trace, Status: cheetah.StatusCancelled,
 			Error: &cheetah.ErrorInfo{Code: "cancelled", Message: cerr.Error()}}, cerr
 	}
-	resp, err := b.c.send(ctx, "POST", path, body, headers)
+	// The request has a context of its own, closed when the caller's ends
+	// (after the grace, while no answer has come) or when this returns.
+	reqCtx, closeReq := context.WithCancel(context.WithoutCancel(ctx))
+	defer closeReq()
+	answered, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		t := time.NewTimer(admissionGrace)
+		defer t.Stop()
+		select {
+		case <-answered:
+		case <-t.C:
+		case <-done:
+		}
+		closeReq()
+	}()
+	resp, err := b.c.send(reqCtx, "POST", path, body, headers)
+	close(answered)
 	if err != nil {
 		if ctx.Err() != nil {
 			return cancelled("", "")
@@ -193,6 +223,9 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	id, trace := resp.Header.Get("X-Command-Id"), resp.Header.Get("X-Trace-Id")
 	if so.OnAdmitted != nil && id != "" {
 		so.OnAdmitted(cheetah.Sent{CommandID: id, TraceID: trace})
+	}
+	if ctx.Err() != nil {
+		return cancelled(id, trace) // the deferred closeReq tells the broker
 	}
 	var out struct {
 		Resolution cheetah.Resolution `json:"resolution"`

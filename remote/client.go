@@ -29,6 +29,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	cheetah "github.com/cheetahbroker/cheetah"
 )
 
@@ -58,6 +61,17 @@ func WithHTTPClient(hc *http.Client) Option {
 // WithUserAgent sets the User-Agent header of every request.
 func WithUserAgent(ua string) Option { return func(c *Client) { c.ua = ua } }
 
+// WithTracerProvider makes the Manager's spans (one per SDK call) with tp;
+// the default is otel's global provider. Whatever the provider, every
+// request carries the W3C traceparent of the caller's context, so the
+// broker's spans of a command continue the caller's trace.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *Client) { c.tp = tp } }
+
+// propagator writes the trace context into requests: W3C Trace Context
+// (traceparent, tracestate) and Baggage, whatever otel's global propagator
+// is.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
 // Client sends requests to a broker's HTTP API with a bearer key. It is the
 // low-level half of the package, exported for tools (the admin CLI) that
 // call endpoints the Manager does not cover. It is safe for concurrent use.
@@ -66,6 +80,7 @@ type Client struct {
 	key  string
 	hc   *http.Client
 	ua   string
+	tp   trace.TracerProvider
 }
 
 // NewClient returns a client of the broker at baseURL (such as
@@ -143,6 +158,7 @@ func (c *Client) send(ctx context.Context, method, path string, body any, header
 	for i := 0; i < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
+	propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		// *url.Error names the URL (never the key, which is a header) and

@@ -26,16 +26,29 @@ func (s *Server) routes() *gin.Engine {
 	// Route on the raw path so an escaped "/" inside an id (a task id such as
 	// "catalog/42") stays inside its segment.
 	g.UseRawPath = true
-	g.Use(gin.Recovery(), s.logRequests, s.checkHost)
+	g.Use(s.observe, s.recoverPanic, s.checkHost)
 	g.GET("/ws/v1/client", func(c *gin.Context) {
 		if !s.originAllowed(c.GetHeader("Origin")) {
 			s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "this Origin may not open a client connection"})
+			return
+		}
+		if s.draining.Load() {
+			s.fail(c, errDraining)
 			return
 		}
 		s.handleClient(c.Writer, c.Request)
 	})
 	g.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	g.GET("/readyz", s.readyz)
+	// Prometheus scrapes without a key, as it does /healthz: the metrics
+	// carry counts, never ids, tokens or keys.
+	g.GET("/metrics", func(c *gin.Context) {
+		if s.cfg.Metrics == nil {
+			s.fail(c, cheetah.NotFoundf("metrics are not enabled on this server"))
+			return
+		}
+		s.cfg.Metrics.ServeHTTP(c.Writer, c.Request)
+	})
 	// The API's description is public: it holds nothing a key protects.
 	g.GET("/api/v1/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPI) })
 
@@ -59,19 +72,12 @@ func (s *Server) routes() *gin.Engine {
 	return g
 }
 
-// logRequests logs each request at debug, never its headers: they carry keys
-// and lease tokens.
-func (s *Server) logRequests(c *gin.Context) {
-	start := s.clock.Now()
-	c.Next()
-	if c.Request.URL.Path == "/ws/v1/client" {
+// readyz answers 200 while the store answers and no shutdown has begun.
+func (s *Server) readyz(c *gin.Context) {
+	if s.draining.Load() {
+		s.fail(c, errDraining)
 		return
 	}
-	s.log.Debug("http", "method", c.Request.Method, "path", c.FullPath(), "status", c.Writer.Status(),
-		"ms", s.clock.Since(start).Milliseconds())
-}
-
-func (s *Server) readyz(c *gin.Context) {
 	if err := s.store.Ping(c.Request.Context()); err != nil {
 		s.fail(c, cheetah.StoreUnavailable("readyz", err))
 		return
@@ -142,11 +148,11 @@ func (s *Server) fail(c *gin.Context, err error) {
 	code, reason, msg := cheetah.Classify(err)
 	status, ok := statusOf[code]
 	if !ok {
-		s.log.Error("internal error", "path", c.FullPath(), "err", err)
+		s.reqLog(c).Error("internal error", "route", c.FullPath(), "err", err)
 		code, status, msg = "internal", http.StatusInternalServerError, "internal error"
 	}
 	if code == cheetah.CodeStoreUnavailable {
-		s.log.Warn("store unavailable", "path", c.FullPath(), "err", err)
+		s.reqLog(c).Warn("store unavailable", "route", c.FullPath(), "err", err)
 	}
 	c.AbortWithStatusJSON(status, errorBody{Error: errorInfo{Code: code, Message: msg, Reason: reason}})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/telemetry"
 	"github.com/cheetahbroker/cheetah/server/webhook"
 )
 
@@ -47,6 +48,12 @@ type Options struct {
 	// WebhookAllowPrivate lets callbacks reach private and loopback
 	// addresses, and allows http:// callbacks (--webhook-allow-private).
 	WebhookAllowPrivate bool
+	// Telemetry gives the tracer and meter providers and the /metrics
+	// handler. Nil builds one that serves Prometheus text at /metrics,
+	// exports nothing and traces with otel's global provider; the broker
+	// then shuts it down on Close. A Telemetry given here is the caller's
+	// to shut down, after Close.
+	Telemetry *telemetry.Telemetry
 }
 
 // Broker is the store, registry, keys and server wired together: what
@@ -59,6 +66,9 @@ type Broker struct {
 	Server   *Server
 	// Webhooks delivers command records to callback URLs.
 	Webhooks *webhook.Worker
+	// Telemetry holds the providers the broker reports to.
+	Telemetry *telemetry.Telemetry
+	ownTel    bool // Open built Telemetry, so Close shuts it down
 }
 
 // Open opens the store (applying migrations), marks commands left in flight
@@ -70,7 +80,28 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
 	}
-	store, err := history.Open(ctx, history.Config{DatabaseURL: o.DatabaseURL, DataDir: o.DataDir, Logger: o.Log})
+	tel, ownTel := o.Telemetry, false
+	if tel == nil {
+		var err error
+		if tel, err = telemetry.New(ctx, telemetry.Config{}); err != nil {
+			return nil, err
+		}
+		ownTel = true
+	}
+	b, err := open(ctx, o, tel)
+	if err != nil {
+		if ownTel {
+			_ = tel.Shutdown(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	b.ownTel = ownTel
+	return b, nil
+}
+
+func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, error) {
+	tp, mp := tel.TracerProvider(), tel.MeterProvider()
+	store, err := history.Open(ctx, history.Config{DatabaseURL: o.DatabaseURL, DataDir: o.DataDir, Logger: o.Log, MeterProvider: mp})
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -92,7 +123,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	keys := auth.New(store, o.AdminKey, o.Clock.Now)
 	hooks, err := webhook.New(webhook.Config{
 		Store: store, Keys: keys, Secret: o.WebhookSecret, AllowPrivate: o.WebhookAllowPrivate,
-		Clock: o.Clock, Log: o.Log,
+		Clock: o.Clock, Log: o.Log, MeterProvider: mp,
 	})
 	if err != nil {
 		store.Close()
@@ -101,7 +132,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	reg, err := registry.New(ctx, registry.Config{
 		Clock: o.Clock, Store: hooks.Tap(store), Log: o.Log, DefaultTTL: o.DefaultTTL,
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
-		MaxInFlightPerContext: o.MaxInFlightPerContext,
+		MaxInFlightPerContext: o.MaxInFlightPerContext, TracerProvider: tp, MeterProvider: mp,
 	})
 	if err != nil {
 		hooks.Close()
@@ -113,6 +144,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,
 		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly, Webhooks: hooks,
+		TracerProvider: tp, MeterProvider: mp, Metrics: tel.MetricsHandler(),
 	})
 	if err != nil {
 		reg.Close()
@@ -121,20 +153,53 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		return nil, err
 	}
 	hooks.Start()
-	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks}, nil
+	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Telemetry: tel}, nil
 }
 
 // Manager is the in-process SDK over this broker. A send with a callback is
 // checked as the HTTP API checks X-Callback-Url, and signed with
-// Options.WebhookSecret.
-func (b *Broker) Manager() *cheetah.Manager { return cheetah.NewManager(b.Webhooks.Guard(b.Registry)) }
+// Options.WebhookSecret. Its spans come from the broker's tracer provider.
+func (b *Broker) Manager() *cheetah.Manager {
+	return cheetah.NewManager(b.Webhooks.Guard(b.Registry), cheetah.WithTracerProvider(b.Telemetry.TracerProvider()))
+}
 
-// Close closes every client with 1001, stops the registry and the webhook
-// worker (pending deliveries stay in the store for the next start), and
-// flushes and closes the store.
+// Drain begins a graceful shutdown. It stops taking new work: /readyz
+// answers 503, new client connections, acquires and sends are refused with
+// 503 overloaded, and acquires waiting for a context fail. Connected
+// clients stay, and the commands in flight run on until they end or ctx
+// ends. Those still in flight then are marked interrupted, durably, and
+// their waiting callers get that resolution. Drain returns how many it
+// interrupted; grace bounds that marking (the writes and the commands whose
+// records were still being written).
+//
+// Close comes next: it closes the clients with 1001 and flushes history.
+// An HTTP server in front of the broker is best shut down between the two,
+// so that callers waiting on /commands/wait get their answers.
+func (b *Broker) Drain(ctx context.Context, grace time.Duration) (int, error) {
+	b.Server.Drain()
+	b.Registry.Drain()
+	if b.Registry.WaitIdle(ctx) == nil {
+		return 0, nil
+	}
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	return b.Registry.Interrupt(ictx)
+}
+
+// Close stops the broker: it marks the commands still in flight
+// interrupted (all of them, at once: Drain first for a graceful stop),
+// closes every client with 1001, stops the registry and the webhook worker
+// (pending deliveries stay in the store for the next start), flushes and
+// closes the store, and shuts down the telemetry Open built (exporters
+// send what they hold). ctx bounds the waits.
 func (b *Broker) Close(ctx context.Context) error {
+	_, ierr := b.Registry.Interrupt(ctx)
 	err := b.Server.Shutdown(ctx)
 	b.Registry.Close()
 	b.Webhooks.Close()
-	return errors.Join(err, b.Store.Close())
+	err = errors.Join(ierr, err, b.Store.Close())
+	if b.ownTel {
+		err = errors.Join(err, b.Telemetry.Shutdown(ctx))
+	}
+	return err
 }

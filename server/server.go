@@ -12,10 +12,13 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/cheetahbroker/cheetah/context/registry"
@@ -66,6 +69,14 @@ type Config struct {
 	// delivers the record when the command ends; without it the header is
 	// refused with 400.
 	Webhooks *webhook.Worker
+	// TracerProvider makes the server spans of API requests, which continue
+	// the caller's trace (W3C traceparent); nil is otel's global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the server's metrics (frames, HTTP requests); nil
+	// records none.
+	MeterProvider metric.MeterProvider
+	// Metrics serves GET /metrics (Prometheus text); nil answers 404.
+	Metrics http.Handler
 }
 
 func (c *Config) fill() {
@@ -109,6 +120,8 @@ type Server struct {
 	gin   *gin.Engine
 
 	keyLimits *keyLimits // nil when unlimited
+	tel       *instruments
+	draining  atomic.Bool
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -126,6 +139,11 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, reg: cfg.Registry, store: cfg.Store, keys: cfg.Keys, log: cfg.Log,
 		clock: cfg.Clock, sessions: map[*session]struct{}{},
 	}
+	tel, err := newInstruments(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("server: new: metrics: %w", err)
+	}
+	s.tel = tel
 	if cfg.KeyRateLimit > 0 {
 		s.keyLimits = &keyLimits{perSecond: cfg.KeyRateLimit, byKey: map[string]*rate.Limiter{}}
 	}

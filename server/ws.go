@@ -163,9 +163,16 @@ func (s *session) writeLoop(ctx context.Context) {
 				s.log.Debug("write frame", "err", err)
 				return
 			}
+			s.srv.tel.frame(item.frame.FrameType(), dirOut)
 		}
 		if item.close != nil {
-			s.log.Debug("closing client", "code", int(item.close.code), "reason", item.close.reason)
+			// A close the broker decides is worth an operator's notice,
+			// except a shutdown's, which is expected.
+			level := slog.LevelInfo
+			if item.close.code == protocol.CloseGoingAway {
+				level = slog.LevelDebug
+			}
+			s.log.Log(ctx, level, "closing client", "code", int(item.close.code), "reason", item.close.reason)
 			s.ws.Close(websocket.StatusCode(item.close.code), item.close.reason)
 			return
 		}
@@ -207,7 +214,10 @@ func (s *session) readLoop(ctx context.Context) {
 		f, err := protocol.Decode(b)
 		var unknown *protocol.UnknownTypeError
 		switch {
+		case err == nil:
+			s.srv.tel.frame(f.FrameType(), dirIn)
 		case errors.As(err, &unknown):
+			s.srv.tel.frame("unknown", dirIn)
 			if s.att == nil {
 				s.Close(protocol.CloseUnauthorized, "the first frame must be hello")
 				return
@@ -259,7 +269,17 @@ func peekHello(b []byte) (string, bool) {
 	return head.Type, head.Type == string(protocol.TypeHello)
 }
 
+// logReadEnd logs why reading stopped. Expected ends are at debug: the
+// client closed normally or is going away (a browser's service worker
+// restarts often), or the broker itself ended the connection. Anything else
+// (a dropped TCP connection, a protocol error) is at info: a client lost.
 func (s *session) logReadEnd(err error) {
+	select {
+	case <-s.closing:
+		s.log.Debug("client connection ended by the broker", "err", err)
+		return
+	default:
+	}
 	switch websocket.CloseStatus(err) {
 	case websocket.StatusNormalClosure, websocket.StatusGoingAway:
 		s.log.Debug("client closed", "err", err)
@@ -269,7 +289,7 @@ func (s *session) logReadEnd(err error) {
 		s.log.Debug("client gone", "err", err)
 		return
 	}
-	s.log.Debug("read frame", "err", err)
+	s.log.Info("client connection lost", "err", err)
 }
 
 // hello authenticates the client and attaches it to the registry.

@@ -6,23 +6,26 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
 type agentCmd struct {
-	URL      string            `default:"http://127.0.0.1:8420" help:"The broker's address."`
-	Key      string            `help:"A client key (or CHEETAH_KEY)."`
-	ClientID string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
-	Name     string            `help:"A name shown to operators; default: the hostname."`
-	Flows    int               `default:"1" help:"How many console flows (contexts) to offer."`
-	Allow    []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
-	Labels   map[string]string `help:"Labels for placement, as key=value;…"`
-	LogLevel string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address."`
+	Key       string            `help:"A client key (or CHEETAH_KEY)."`
+	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
+	Name      string            `help:"A name shown to operators; default: the hostname."`
+	Flows     int               `default:"1" help:"How many console flows (contexts) to offer."`
+	Allow     []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
+	Labels    map[string]string `help:"Labels for placement, as key=value;…"`
+	LogLevel  string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	LogFormat string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 }
 
 func (c *agentCmd) Run() error {
-	log, err := newLogger(c.LogLevel)
+	log, err := newLog(c.LogLevel, c.LogFormat, c.Key)
 	if err != nil {
 		return err
 	}
@@ -42,14 +45,27 @@ func (c *agentCmd) Run() error {
 	if c.Name == "" {
 		c.Name = host
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// Each command's span continues the broker's trace when the OTEL_*
+	// variables name a trace exporter (docs/operations.md).
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "cheetah-agent", ServiceVersion: version, FromEnv: true, WithoutMetrics: true})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Warn("flush telemetry", "err", err)
+		}
+	}()
 	a := agent.New(agent.Config{
 		URL: c.URL, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
-		Labels: c.Labels, Flows: c.Flows, Log: log,
+		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	log.Info("agent starting", "url", c.URL, "client_id", c.ClientID, "flows", c.Flows, "allow", c.Allow)
 	return a.Run(ctx)
 }

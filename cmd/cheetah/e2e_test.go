@@ -2,22 +2,31 @@ package main_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
 )
 
 var binary string
@@ -303,4 +312,362 @@ func TestAdminCLI(t *testing.T) {
 	require.Zero(t, code)
 	require.Regexp(t, created.ID+`\s+client\s+usr_cli`, out)
 	require.NotContains(t, out, created.Key)
+}
+
+// post sends one request off the test's goroutine and reports what came
+// back; it asserts nothing.
+func post(base, path, key string, body any, headers ...string) (int, []byte, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequest("POST", base+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw, err
+}
+
+type waitAnswer struct {
+	status int
+	res    cheetah.Resolution
+	err    error
+}
+
+// shutdownRig is a broker and an agent offering flows that may run sleep.
+type shutdownRig struct {
+	a          api
+	serve      *proc
+	agent      *proc
+	dataDir    string
+	app, admin string
+}
+
+func newShutdownRig(t *testing.T, flows int, serveArgs ...string) *shutdownRig {
+	t.Helper()
+	addr := freePort(t)
+	r := &shutdownRig{admin: "shutdown-admin-key-0123456789", dataDir: t.TempDir()}
+	r.serve = start(t, []string{"CHEETAH_ADMIN_KEY=" + r.admin, "CHEETAH_DATA_DIR=" + r.dataDir, "CHEETAH_LISTEN=" + addr},
+		append([]string{"serve"}, serveArgs...)...)
+	r.a = api{t: t, base: "http://" + addr}
+	require.Eventually(t, func() bool { return r.a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+	var client, app struct{ Key string }
+	require.Equal(t, 201, r.a.call("POST", "/api/v1/admin/keys", r.admin, map[string]any{"kind": "client", "user_id": "usr_stop", "name": "agent"}, &client))
+	require.Equal(t, 201, r.a.call("POST", "/api/v1/admin/keys", r.admin, map[string]any{"kind": "app", "name": "app"}, &app))
+	r.app = app.Key
+	r.agent = start(t, []string{"CHEETAH_KEY=" + client.Key, "CHEETAH_URL=" + r.a.base},
+		"agent", "--client-id", "stop-agent", "--flows", fmt.Sprint(flows), "--allow", "sleep")
+	var avail struct{ Contexts []cheetah.ContextSnapshot }
+	require.Eventually(t, func() bool {
+		r.a.call("GET", "/api/v1/users/usr_stop/contexts/available?client_type=console", r.app, nil, &avail)
+		return len(avail.Contexts) == flows
+	}, 30*time.Second, 50*time.Millisecond)
+	return r
+}
+
+func (r *shutdownRig) lease(task string) string {
+	r.a.t.Helper()
+	var acq struct{ Lease cheetah.Lease }
+	require.Equal(r.a.t, 201, r.a.call("POST", "/api/v1/acquire", r.app, map[string]any{"user_id": "usr_stop", "task_id": task, "client_type": "console"}, &acq))
+	return acq.Lease.LeaseToken
+}
+
+// sleepWait starts a commands/wait of `sleep secs` and answers on the
+// returned channel.
+func (r *shutdownRig) sleepWait(token string, secs int) chan waitAnswer {
+	ch := make(chan waitAnswer, 1)
+	go func() {
+		st, raw, err := post(r.a.base, "/api/v1/commands/wait", r.app,
+			map[string]any{"name": "exec", "params": map[string]any{"argv": []string{"sleep", fmt.Sprint(secs)}}, "timeout_ms": 120000},
+			"X-Lease", token)
+		var out struct{ Resolution cheetah.Resolution }
+		if err == nil && st == 200 {
+			err = json.Unmarshal(raw, &out)
+		}
+		ch <- waitAnswer{status: st, res: out.Resolution, err: err}
+	}()
+	return ch
+}
+
+// running waits until the task's newest command has reached the agent.
+func (r *shutdownRig) running(task string) string {
+	r.a.t.Helper()
+	var id string
+	require.Eventually(r.a.t, func() bool {
+		var page cheetah.CommandPage
+		r.a.call("GET", "/api/v1/users/usr_stop/commands?task_id="+task, r.app, nil, &page)
+		if len(page.Commands) == 0 || page.Commands[0].Status != cheetah.StatusAcknowledged {
+			return false
+		}
+		id = page.Commands[0].CommandID
+		return true
+	}, 30*time.Second, 20*time.Millisecond)
+	return id
+}
+
+func (r *shutdownRig) exited(t *testing.T, within time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- r.serve.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+		t.Fatalf("serve did not exit within %s", within)
+		return nil
+	}
+}
+
+func readAnswer(t *testing.T, ch chan waitAnswer) waitAnswer {
+	t.Helper()
+	select {
+	case w := <-ch:
+		require.NoError(t, w.err)
+		return w
+	case <-time.After(60 * time.Second):
+		t.Fatal("no answer")
+		return waitAnswer{}
+	}
+}
+
+// SIGTERM with commands in flight: /readyz turns 503 and new work is
+// refused while they run on; the one that ends within --shutdown-timeout
+// completes, the rest are marked interrupted (by this stop, not by the next
+// start), their waiting callers are told, history is flushed, and serve
+// exits 0. Nothing admitted is missing.
+func TestServeShutdownWithCommandsInFlight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	r := newShutdownRig(t, 3, "--shutdown-timeout", "5s", "--log-format", "json")
+	quick, slow, async := r.lease("quick"), r.lease("slow"), r.lease("async")
+	quickDone := r.sleepWait(quick, 2)
+	slowDone := r.sleepWait(slow, 60)
+	var sent cheetah.Sent
+	require.Equal(t, 202, r.a.call("POST", "/api/v1/commands", r.app,
+		map[string]any{"name": "exec", "params": map[string]any{"argv": []string{"sleep", "60"}}}, &sent, "X-Lease", async))
+	ids := map[string]string{"quick": r.running("quick"), "slow": r.running("slow"), "async": r.running("async")}
+	require.Equal(t, sent.CommandID, ids["async"])
+
+	require.NoError(t, r.serve.cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return r.a.call("GET", "/readyz", "", nil, nil) == 503 }, 5*time.Second, 10*time.Millisecond,
+		"a draining broker is not ready")
+	require.Equal(t, 200, r.a.call("GET", "/healthz", "", nil, nil), "but alive")
+	require.Equal(t, 503, r.a.call("POST", "/api/v1/acquire", r.app, map[string]any{"user_id": "usr_stop", "task_id": "late", "client_type": "console"}, nil),
+		"no new work while draining")
+
+	w := readAnswer(t, quickDone)
+	require.Equal(t, 200, w.status)
+	require.Equal(t, cheetah.StatusCompleted, w.res.Status, "finished within the shutdown timeout")
+	w = readAnswer(t, slowDone)
+	require.Equal(t, 200, w.status)
+	require.Equal(t, cheetah.StatusInterrupted, w.res.Status, "the caller that waited is told")
+	require.Equal(t, ids["slow"], w.res.CommandID)
+
+	require.NoError(t, r.exited(t, 30*time.Second), "serve exits 0")
+	out := r.serve.out.String()
+	require.Contains(t, out, `"msg":"commands still in flight were marked interrupted","count":2`)
+	require.NotContains(t, out, r.admin)
+	require.NotContains(t, out, r.app)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		require.True(t, json.Valid([]byte(line)), "a JSON log line: %s", line)
+	}
+	require.NoError(t, r.agent.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, r.agent.cmd.Wait())
+	require.Contains(t, r.agent.out.String(), "1001", "the agent was closed with going-away")
+
+	// History, read straight from the store: nothing is left in flight.
+	store, err := history.Open(context.Background(), history.Config{DataDir: r.dataDir})
+	require.NoError(t, err)
+	defer store.Close()
+	page, err := store.List(context.Background(), "usr_stop", cheetah.ListQuery{Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, page.Commands, 3, "every admitted command is there")
+	want := map[string]cheetah.Status{"quick": cheetah.StatusCompleted, "slow": cheetah.StatusInterrupted, "async": cheetah.StatusInterrupted}
+	for task, id := range ids {
+		rec, err := store.Get(context.Background(), "usr_stop", id)
+		require.NoError(t, err)
+		require.Equal(t, want[task], rec.Status, task)
+		require.NotNil(t, rec.FinishedAt, task)
+		if rec.Status == cheetah.StatusInterrupted {
+			require.Equal(t, "the broker shut down before the command ended", rec.Error.Message, "marked by this stop")
+		}
+	}
+}
+
+// A second signal ends serve at once, without waiting out the shutdown
+// timeout; what was in flight is marked interrupted at the next start.
+func TestServeSecondSignalExitsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	r := newShutdownRig(t, 1, "--shutdown-timeout", "5m")
+	r.sleepWait(r.lease("long"), 60)
+	id := r.running("long")
+
+	require.NoError(t, r.serve.cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return r.a.call("GET", "/readyz", "", nil, nil) == 503 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.serve.cmd.Process.Signal(syscall.SIGTERM))
+	err := r.exited(t, 10*time.Second)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "a second signal is not a clean stop")
+	require.Contains(t, r.serve.out.String(), "second signal")
+
+	store, err := history.Open(context.Background(), history.Config{DataDir: r.dataDir})
+	require.NoError(t, err)
+	rec, err := store.Get(context.Background(), "usr_stop", id)
+	require.NoError(t, err)
+	require.False(t, rec.Status.Terminal(), "left in flight")
+	require.NoError(t, store.Close())
+
+	// The next start marks it.
+	addr := freePort(t)
+	start(t, []string{"CHEETAH_ADMIN_KEY=" + r.admin, "CHEETAH_DATA_DIR=" + r.dataDir, "CHEETAH_LISTEN=" + addr}, "serve")
+	a := api{t: t, base: "http://" + addr}
+	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+	var read struct{ Command cheetah.CommandRecord }
+	require.Equal(t, 200, a.call("GET", "/api/v1/users/usr_stop/commands/"+id, r.app, nil, &read))
+	require.Equal(t, cheetah.StatusInterrupted, read.Command.Status)
+}
+
+// collector is a fake OpenTelemetry collector: it takes OTLP over HTTP
+// (protobuf) and keeps the spans and metric names it was sent, by service.
+type collector struct {
+	mu      sync.Mutex
+	spans   map[string][]*tracepb.Span // by service.name
+	metrics map[string]map[string]bool // service.name → metric names
+}
+
+func newCollector(t *testing.T) (*collector, string) {
+	t.Helper()
+	c := &collector{spans: map[string][]*tracepb.Span{}, metrics: map[string]map[string]bool{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/traces":
+			var req coltracepb.ExportTraceServiceRequest
+			if err := proto.Unmarshal(body, &req); err != nil {
+				http.Error(w, err.Error(), 400)
+				return
+			}
+			for _, rs := range req.ResourceSpans {
+				svc := serviceName(rs.Resource)
+				for _, ss := range rs.ScopeSpans {
+					c.spans[svc] = append(c.spans[svc], ss.Spans...)
+				}
+			}
+		case "/v1/metrics":
+			var req colmetricpb.ExportMetricsServiceRequest
+			if err := proto.Unmarshal(body, &req); err != nil {
+				http.Error(w, err.Error(), 400)
+				return
+			}
+			for _, rm := range req.ResourceMetrics {
+				svc := serviceName(rm.Resource)
+				if c.metrics[svc] == nil {
+					c.metrics[svc] = map[string]bool{}
+				}
+				for _, sm := range rm.ScopeMetrics {
+					for _, m := range sm.Metrics {
+						c.metrics[svc][m.Name] = true
+					}
+				}
+			}
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	t.Cleanup(srv.Close)
+	return c, srv.URL
+}
+
+func serviceName(r *resourcepb.Resource) string {
+	for _, kv := range r.GetAttributes() {
+		if kv.Key == "service.name" {
+			return kv.Value.GetStringValue()
+		}
+	}
+	return ""
+}
+
+func (c *collector) span(service, name string) *tracepb.Span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.spans[service] {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func (c *collector) hasMetric(service, name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.metrics[service][name]
+}
+
+// With OTEL_EXPORTER_OTLP_ENDPOINT set, serve and agent send their traces
+// and metrics to the collector over OTLP/HTTP: the broker's command span and
+// the agent's span are one trace, joined by the command frame's traceparent.
+func TestServeExportsOTLP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	col, endpoint := newCollector(t)
+	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_METRIC_EXPORT_INTERVAL=100"}
+	addr := freePort(t)
+	admin := "otlp-admin-key-0123456789"
+	serve := start(t, append([]string{"CHEETAH_ADMIN_KEY=" + admin, "CHEETAH_DATA_DIR=" + t.TempDir(), "CHEETAH_LISTEN=" + addr}, otelEnv...), "serve")
+	a := api{t: t, base: "http://" + addr}
+	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+	var client struct{ Key string }
+	require.Equal(t, 201, a.call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "client", "user_id": "usr_otlp", "name": "agent"}, &client))
+	agentProc := start(t, append([]string{"CHEETAH_KEY=" + client.Key, "CHEETAH_URL=" + a.base}, otelEnv...), "agent", "--client-id", "otlp-agent")
+
+	var acq struct{ Lease cheetah.Lease }
+	require.Eventually(t, func() bool {
+		return a.call("POST", "/api/v1/acquire", admin, map[string]any{"user_id": "usr_otlp", "task_id": "otlp", "client_type": "console"}, &acq) == 201
+	}, 30*time.Second, 50*time.Millisecond)
+	var waited struct{ Resolution cheetah.Resolution }
+	require.Equal(t, 200, a.call("POST", "/api/v1/commands/wait", admin, map[string]any{"name": "echo"}, &waited, "X-Lease", acq.Lease.LeaseToken))
+	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+
+	var cmd, dispatch, side *tracepb.Span
+	require.Eventually(t, func() bool {
+		cmd, dispatch = col.span("cheetah", "cheetah.command"), col.span("cheetah", "cheetah.dispatch")
+		side = col.span("cheetah-agent", "cheetah.agent.command")
+		return cmd != nil && dispatch != nil && side != nil
+	}, 30*time.Second, 50*time.Millisecond, "spans of both processes reach the collector")
+	require.Equal(t, waited.Resolution.TraceID, fmt.Sprintf("%x", cmd.TraceId))
+	require.Equal(t, cmd.TraceId, side.TraceId, "one trace")
+	require.Equal(t, dispatch.SpanId, side.ParentSpanId, "the agent's span is the dispatch span's child")
+	require.Eventually(t, func() bool {
+		return col.hasMetric("cheetah", "cheetah.acquires") && col.hasMetric("cheetah", "cheetah.command.duration")
+	}, 30*time.Second, 50*time.Millisecond, "metrics reach the collector")
+
+	require.NoError(t, agentProc.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, serve.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, serve.cmd.Wait())
 }

@@ -5,7 +5,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 
 	"github.com/alecthomas/kong"
@@ -74,12 +73,4 @@ func run(args []string) int {
 		return exitError
 	}
 	return exitOK
-}
-
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }

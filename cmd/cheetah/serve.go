@@ -12,8 +12,11 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server"
+	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
 type serveCmd struct {
@@ -25,7 +28,7 @@ type serveCmd struct {
 	HistoryRetention time.Duration `default:"720h" help:"How long finished commands are kept; 0 keeps them forever."`
 	MaxMessageBytes  int           `default:"4194304" help:"Largest WebSocket frame, in bytes."`
 	Heartbeat        time.Duration `default:"20s" help:"How often the broker pings clients; three silent intervals close one."`
-	ShutdownTimeout  time.Duration `default:"15s" help:"How long shutdown waits for connections to close."`
+	ShutdownTimeout  time.Duration `default:"15s" help:"On SIGTERM or SIGINT, how long commands in flight may run on before they are marked interrupted."`
 	KeyRateLimit     float64       `name:"key-rate-limit" default:"0" help:"Requests per second per API key; 0 is unlimited."`
 	FrameRateLimit   float64       `name:"frame-rate-limit" default:"0" help:"Frames per second per client; 0 is unlimited (over it: close 4429)."`
 	MaxBodyBytes     int64         `name:"max-body-bytes" default:"1048576" help:"Largest HTTP request body, in bytes."`
@@ -33,11 +36,17 @@ type serveCmd struct {
 	AllowedOrigins   []string      `name:"allowed-origins" help:"Origins (chrome-extension://<id>) that may open the client WebSocket; empty allows any."`
 	WebhookPrivate   bool          `name:"webhook-allow-private" help:"Let webhook callbacks reach private and loopback addresses, and allow http:// callbacks."`
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	LogFormat        string        `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
 }
 
+// shutdownGrace bounds what a graceful stop does after --shutdown-timeout:
+// marking the rest interrupted, answering the callers that waited, closing
+// the clients, flushing history and the exporters.
+const shutdownGrace = 10 * time.Second
+
 func (c *serveCmd) Run() error {
-	log, err := newLogger(c.LogLevel)
+	log, err := newLog(c.LogLevel, c.LogFormat, c.AdminKey)
 	if err != nil {
 		return err
 	}
@@ -47,21 +56,65 @@ func (c *serveCmd) Run() error {
 	if c.MaxMessageBytes < 1024 {
 		return fmt.Errorf("--max-message-bytes must be at least 1024")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if c.ShutdownTimeout < 0 {
+		return fmt.Errorf("--shutdown-timeout must not be negative")
+	}
+	// The first SIGTERM or SIGINT starts a graceful stop; a second one ends
+	// the process at once.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		cancel()
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: exiting at once; commands in flight are marked interrupted at the next start", "signal", sig.String())
+			os.Exit(exitError)
+		case <-done:
+		}
+	}()
+
+	tel, err := telemetry.New(ctx, telemetry.Config{ServiceName: "cheetah", ServiceVersion: version, FromEnv: true})
+	if err != nil {
+		return err
+	}
+	if tel.Traces != "none" {
+		otel.SetTracerProvider(tel.TracerProvider())
+	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("opentelemetry", "err", err) }))
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Warn("flush telemetry", "err", err)
+		}
+	}()
 
 	b, err := server.Open(ctx, server.Options{
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
-		WebhookAllowPrivate: c.WebhookPrivate,
+		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
 	})
 	if err != nil {
 		return err
 	}
+	closed := false
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+		if closed {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
 		if err := b.Close(cctx); err != nil {
 			log.Warn("close", "err", err)
@@ -79,28 +132,62 @@ func (c *serveCmd) Run() error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	go retention(ctx, b.Store, c.HistoryRetention, log)
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect())
+	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect(),
+		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
 
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	stop() // a second signal now ends the process at once
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
-	defer cancel()
-	if err := b.Server.Shutdown(sctx); err != nil {
-		log.Warn("clients did not close in time", "err", err)
+
+	// Drain: /readyz answers 503 and new work is refused while the
+	// commands in flight run on, up to --shutdown-timeout; the rest are
+	// then marked interrupted.
+	log.Info("shutting down: draining", "in_flight", b.Registry.InFlight(), "timeout", c.ShutdownTimeout.String())
+	dctx, cancelDrain := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	n, err := b.Drain(dctx, shutdownGrace)
+	cancelDrain()
+	switch {
+	case err != nil:
+		log.Warn("commands in flight could not all be marked interrupted; the next start marks the rest", "interrupted", n, "err", err)
+	case n > 0:
+		log.Info("commands still in flight were marked interrupted", "count", n)
+	default:
+		log.Info("every command in flight ended")
 	}
-	if err := httpSrv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	gctx, cancelGrace := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancelGrace()
+	// The callers that waited get their answers; then the listener closes.
+	if err := httpSrv.Shutdown(gctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
 	}
+	// Clients are closed with 1001, history is flushed and the store closed.
+	closed = true
+	if err := b.Close(gctx); err != nil {
+		log.Warn("close", "err", err)
+	}
+	log.Info("stopped")
 	return nil
+}
+
+// newLog returns the process's logger on stderr: text or JSON, never a key
+// (see server.NewLogHandler); secrets are literals to keep out as well.
+func newLog(level, format string, secrets ...string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	h, err := server.NewLogHandler(os.Stderr, format, l, secrets...)
+	if err != nil {
+		return nil, fmt.Errorf("--log-format: %w", err)
+	}
+	return slog.New(h), nil
 }
 
 // retention deletes finished commands older than keep, hourly.

@@ -22,8 +22,9 @@ type ClientInfo struct {
 // back with everything the client sends, so that a replaced connection can
 // no longer act for the client.
 type Attachment struct {
-	c    *client
-	conn Conn
+	c         *client
+	conn      Conn
+	sessionID string
 }
 
 // Connect attaches conn as client info.ClientID of info.UserID. A connection
@@ -56,7 +57,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	if c.grace == nil && len(c.contexts) > 0 {
 		r.startGrace(c)
 	}
-	return &Attachment{c: c, conn: conn}
+	return &Attachment{c: c, conn: conn, sessionID: info.SessionID}
 }
 
 // current reports whether a still holds its client; r.mu is held.

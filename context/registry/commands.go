@@ -2,8 +2,6 @@ package registry
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -12,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
@@ -37,6 +37,12 @@ type command struct {
 	timer      clockwork.Timer
 	// resolved receives the resolution once the terminal status is durable.
 	resolved chan cheetah.Resolution
+	// spans is the command's trace; traced says whether a tracer records
+	// it, and the wall* stamps (unix ns, set only when traced) time its
+	// span events: the registry's clock may be a test's fake one.
+	spans                                commandSpans
+	traced                               bool
+	wallDispatched, wallAcked, wallEnded int64
 	// notice, when set, makes this queue entry a frame about the context
 	// (an assignment change) rather than a command. It waits its turn
 	// behind commands not yet dispatched, so the client sees commands and
@@ -81,9 +87,6 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 	if err != nil {
 		return cheetah.Resolution{}, err
 	}
-	if so.OnAdmitted != nil {
-		so.OnAdmitted(cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID})
-	}
 	select {
 	case res := <-c.resolved:
 		return res, nil
@@ -105,7 +108,7 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 }
 
 // prepare validates cmd and builds its frame and record outside the lock.
-func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*command, error) {
+func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace.SpanContext) (*command, error) {
 	if cmd.Name == "" || len(cmd.Name) > MaxNameLen {
 		return nil, cheetah.Invalidf("name must be 1 to %d bytes", MaxNameLen)
 	}
@@ -146,11 +149,14 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions) (*comman
 	if err != nil {
 		return nil, fmt.Errorf("registry: command id: %w", err)
 	}
-	traceID, spanID := newTraceIDs()
+	// The command span's context for now; once the record is durable the
+	// dispatch span's takes its place (same length, so the size check
+	// below holds).
+	traceID := sc.TraceID().String()
 	f := &protocol.Command{
 		CommandID: id.String(), Name: cmd.Name, Params: params, Target: so.Target,
 		ResponseMode: so.ResponseMode, TimeoutMS: timeout.Milliseconds(),
-		Options: so.Options, Traceparent: "00-" + traceID + "-" + spanID + "-01",
+		Options: so.Options, Traceparent: traceparent(sc),
 	}
 	// A frame the client would refuse as too large is refused here, before
 	// anything is recorded. The context, task and epoch are not known yet,
@@ -193,21 +199,47 @@ func objectOrNull(field string, v json.RawMessage) error {
 // admit checks ownership and takes the command's place in its context's
 // FIFO in one step under the lock, records it durably, then dispatches the
 // durable prefix of the FIFO.
+//
+// The command's trace starts here: a command span from admission to the
+// terminal status, with an admission span (the ownership check and the
+// FIFO), a span for the durable write, and a dispatch span that the
+// command frame's traceparent names, so the client's own span is its child.
 func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions, wait bool) (*command, error) {
-	c, err := r.prepare(cmd, so)
+	ctx, spans := r.tel.startCommand(ctx, cmd, so.ResponseMode)
+	c, err := r.prepare(cmd, so, spans.sc)
 	if err != nil {
+		spans.failed(err)
 		return nil, err
 	}
+	c.spans, c.traced = spans, spans.cmd.IsRecording()
+	if c.traced {
+		c.spans.cmd.SetAttributes(spanCommandID.String(c.rec.CommandID))
+	}
+	_, admitSpan := r.tel.tracer.Start(ctx, "cheetah.admit")
 	r.mu.Lock()
 	l, err := r.check(h)
+	if err == nil && r.draining {
+		err = errShuttingDown
+	}
 	if err != nil {
 		r.mu.Unlock()
+		if c.traced {
+			admitSpan.SetStatus(codes.Error, "refused")
+		}
+		admitSpan.End()
+		c.spans.failed(err)
 		return nil, err
 	}
 	w := l.ctx
 	if r.cfg.MaxInFlightPerContext > 0 && w.inflight >= r.cfg.MaxInFlightPerContext {
 		r.mu.Unlock()
-		return nil, &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
+		err := &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
+		if c.traced {
+			admitSpan.SetStatus(codes.Error, "overloaded")
+		}
+		admitSpan.End()
+		c.spans.failed(err)
+		return nil, err
 	}
 	now := r.clock.Now()
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
@@ -236,11 +268,43 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
 	rec := c.rec
+	acquired := l.acquired
 	r.mu.Unlock()
+	if c.traced {
+		admitSpan.SetAttributes(spanUserID.String(rec.UserID), spanClientID.String(rec.ClientID),
+			spanContextID.String(rec.ContextID), spanTaskID.String(rec.TaskID), spanEpoch.Int64(rec.Epoch))
+		if acquired.IsValid() {
+			// The lease's acquire is another trace (or another part of the
+			// caller's): the command links to it.
+			c.spans.cmd.AddLink(trace.Link{SpanContext: acquired})
+		}
+	}
+	admitSpan.End()
 
 	// The record is written whatever the caller does meanwhile: once
 	// admitted, a command is either durable and dispatched or fully undone.
-	werr := r.store.Write(context.WithoutCancel(ctx), history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
+	writeCtx, writeSpan := r.tel.tracer.Start(context.WithoutCancel(ctx), "cheetah.history.write")
+	werr := r.store.Write(writeCtx, history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
+	if werr != nil && c.traced {
+		writeSpan.SetStatus(codes.Error, werr.Error())
+	}
+	writeSpan.End()
+	var dispatch trace.Span
+	if werr == nil && wait && so.OnAdmitted != nil {
+		// Before dispatch, so that the caller hears of the command (the HTTP
+		// API flushes its id in the answer's headers) before the client can.
+		so.OnAdmitted(cheetah.Sent{CommandID: rec.CommandID, TraceID: rec.TraceID})
+	}
+	if werr == nil {
+		// The frame is read by nobody until the command is marked durable
+		// below, under the lock.
+		var dsc trace.SpanContext
+		_, dispatch = r.tel.tracer.Start(ctx, "cheetah.dispatch", trace.WithSpanKind(trace.SpanKindProducer))
+		if dsc = dispatch.SpanContext(); !dsc.IsValid() {
+			dsc = c.spans.sc
+		}
+		c.frame.Traceparent = traceparent(dsc)
+	}
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -249,17 +313,38 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 		r.removeQueued(c)
 		r.forget(c)
 		r.flushQueue(c.ctx)
-		return nil, cheetah.StoreUnavailable("registry: record command", werr)
+		err := cheetah.StoreUnavailable("registry: record command", werr)
+		c.spans.failed(err)
+		return nil, err
 	}
 	c.durable = true
+	if r.commands[c.rec.CommandID] != c {
+		// Ended meanwhile (Close): its spans are closed.
+		dispatch.End()
+		return c, nil
+	}
+	c.spans.dispatch = dispatch
+	if r.interrupting {
+		// Interrupt came while the record was being written: it ends now
+		// that it is durable.
+		r.interrupt(c)
+		return c, nil
+	}
 	r.flushQueue(c.ctx)
 	return c, nil
 }
+
+// errShuttingDown refuses new work once Drain was called.
+var errShuttingDown = &cheetah.Error{Code: cheetah.CodeOverloaded, Message: "the broker is shutting down"}
 
 // forget drops c from the commands in flight; r.mu is held.
 func (r *Registry) forget(c *command) {
 	delete(r.commands, c.rec.CommandID)
 	c.ctx.inflight--
+	if r.draining && len(r.commands) == 0 && r.idle != nil {
+		close(r.idle)
+		r.idle = nil
+	}
 }
 
 func (r *Registry) removeQueued(c *command) {
@@ -295,6 +380,9 @@ func (r *Registry) flushQueue(w *wctx) {
 		}
 		now := r.clock.Now()
 		c.conn, c.dispatched = conn, true
+		if c.traced {
+			c.wallDispatched = time.Now().UnixNano()
+		}
 		c.rec.Status = cheetah.StatusDispatched
 		r.store.WriteAsync(nil, history.SetStatus{CommandID: c.rec.CommandID, Status: cheetah.StatusDispatched, At: now})
 		if c.rec.ResponseMode != cheetah.ModeNone {
@@ -316,6 +404,11 @@ func (r *Registry) flushQueue(w *wctx) {
 			// Nothing more is expected; forget it but remember where it went.
 			r.forget(c)
 			r.finished.put(c.rec.CommandID, finishedCommand{user: c.user, client: c.client, status: cheetah.StatusDispatched, mode: cheetah.ModeNone}, now)
+			if c.traced {
+				// Its spans end off the lock.
+				c.wallEnded = c.wallDispatched
+				go r.tel.ended(c, cheetah.StatusDispatched, nil, "", now)
+			}
 		}
 	}
 }
@@ -338,11 +431,16 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	if c.traced {
+		c.wallEnded = time.Now().UnixNano()
+	}
 	now := r.clock.Now()
 	r.finished.put(id, finishedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
 	ops := []history.Op{}
+	var terminal cheetah.MessageKind
 	if msg != nil {
 		ops = append(ops, *msg)
+		terminal = msg.Msg.Kind
 	}
 	ops = append(ops, history.SetStatus{CommandID: id, Status: status, Error: e, At: now})
 	res := cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
@@ -356,6 +454,9 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 			r.mu.Lock()
 			r.unpreserve(c, true)
 			r.mu.Unlock()
+			// Before the resolution: a caller that has it finds the
+			// command's spans ended and its duration counted.
+			r.tel.ended(c, status, e, terminal, now)
 			if c.resolved != nil {
 				c.resolved <- res
 			}
@@ -384,16 +485,3 @@ func (r *Registry) unpreserve(c *command, renew bool) {
 
 // heapRemove takes l out of the deadline heap; r.mu is held.
 func heapRemove(r *Registry, l *lease) { heapRemoveAt(&r.heap, l.heapIndex) }
-
-func newTraceIDs() (traceID, spanID string) {
-	var b [24]byte
-	for {
-		if _, err := rand.Read(b[:]); err != nil {
-			panic(fmt.Sprintf("registry: crypto/rand: %v", err))
-		}
-		// W3C forbids all-zero ids; 2^-128 odds, but the rule is cheap.
-		if hex.EncodeToString(b[:16]) != "00000000000000000000000000000000" && hex.EncodeToString(b[16:]) != "0000000000000000" {
-			return hex.EncodeToString(b[:16]), hex.EncodeToString(b[16:])
-		}
-	}
-}

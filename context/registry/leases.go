@@ -6,6 +6,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
@@ -23,6 +25,9 @@ type lease struct {
 	// while it is above zero the lease cannot expire (invariant 5).
 	preserve  int
 	heapIndex int // -1 when not in the heap
+	// acquired is the span context of the acquire that made the lease; the
+	// spans of its commands link to it.
+	acquired trace.SpanContext
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
@@ -35,6 +40,7 @@ type endedLease struct {
 type waiter struct {
 	req   cheetah.AcquireRequest
 	token string
+	sc    trace.SpanContext  // the acquire's span
 	ch    chan acquireResult // buffered: the hand-off never blocks
 	elem  *list.Element
 }
@@ -60,24 +66,35 @@ func (l *lease) view(withToken bool) cheetah.Lease {
 // Acquire assigns an idle context to req.TaskID: the one idle the longest
 // among those that match. With req.Wait it waits, first come first served.
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
-	if err := normalizeAcquire(&req, r.cfg.DefaultTTL); err != nil {
+	ctx, span := r.tel.tracer.Start(ctx, "cheetah.acquire")
+	l, err := r.acquire(ctx, &req, span.SpanContext())
+	r.tel.acquired(ctx, span, &req, l, err)
+	return l, err
+}
+
+func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc trace.SpanContext) (cheetah.Lease, error) {
+	if err := normalizeAcquire(req, r.cfg.DefaultTTL); err != nil {
 		return cheetah.Lease{}, err
 	}
 	token := newToken()
 	r.mu.Lock()
+	if r.draining {
+		r.mu.Unlock()
+		return cheetah.Lease{}, errShuttingDown
+	}
 	p := r.poolFor(req.UserID)
-	if w := r.pickIdle(p, &req); w != nil {
-		l, err := r.assign(w, &req, token, r.clock.Now())
+	if w := r.pickIdle(p, req); w != nil {
+		l, err := r.assign(w, req, token, r.clock.Now(), sc)
 		r.mu.Unlock()
 		return l, err
 	}
 	if req.Wait <= 0 {
-		reason := r.missReason(p, &req)
+		reason := r.missReason(p, req)
 		r.dropPoolIfEmpty(p)
 		r.mu.Unlock()
 		return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
 	}
-	wt := &waiter{req: req, token: token, ch: make(chan acquireResult, 1)}
+	wt := &waiter{req: *req, token: token, sc: sc, ch: make(chan acquireResult, 1)}
 	wt.elem = p.waiters.PushBack(wt)
 	r.mu.Unlock()
 
@@ -109,7 +126,7 @@ func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (che
 		r.dropPoolIfEmpty(p)
 		return cheetah.Lease{}, cause
 	}
-	reason := r.missReason(p, &req)
+	reason := r.missReason(p, req)
 	r.dropPoolIfEmpty(p)
 	return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
 }
@@ -183,7 +200,7 @@ func (r *Registry) missReason(p *pool, req *cheetah.AcquireRequest) cheetah.NoCo
 }
 
 // assign gives idle context w a new lease; r.mu is held.
-func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, now time.Time) (cheetah.Lease, error) {
+func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, now time.Time, sc trace.SpanContext) (cheetah.Lease, error) {
 	epoch, err := r.nextEpoch()
 	if err != nil {
 		return cheetah.Lease{}, err
@@ -191,7 +208,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, no
 	l := &lease{
 		token: token, ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
 		expiresAt: now.Add(req.TTL), renewOnUse: req.RenewOnUse == nil || *req.RenewOnUse,
-		heapIndex: -1,
+		heapIndex: -1, acquired: sc,
 	}
 	w.lease = l
 	r.refreshIdle(w)
@@ -225,6 +242,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
+	r.tel.leaseEnded(reason)
 	r.ended.put(l.token, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
@@ -233,6 +251,16 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 // check finds the active lease of handle h and confirms its context is live
 // and worker-owned; r.mu is held. This is the ownership check of invariant 2.
 func (r *Registry) check(h cheetah.Lease) (*lease, error) {
+	l, err := r.checkLease(h)
+	if err != nil {
+		if ll, ok := err.(*cheetah.LeaseLostError); ok {
+			r.tel.lost(ll.Reason)
+		}
+	}
+	return l, err
+}
+
+func (r *Registry) checkLease(h cheetah.Lease) (*lease, error) {
 	l := r.leases[h.LeaseToken]
 	if l == nil {
 		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(h.LeaseToken)}

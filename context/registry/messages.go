@@ -39,7 +39,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 		ref, err := r.store.Lookup(ctx, id)
 		if err != nil {
 			if !errors.Is(err, cheetah.ErrNotFound) {
-				r.log.Warn("look up command for a late message", "command_id", id, "err", err)
+				r.log.Warn("look up command for a late message", "session_id", a.sessionID, "command_id", id, "err", err)
 			}
 			a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeUnknownCommand, Message: "no such command was dispatched to this client"})
 			return
@@ -66,6 +66,9 @@ func (r *Registry) onLive(c *command, msg cheetah.Message, bytes []byte) {
 			return
 		}
 		c.acked = true
+		if c.traced {
+			c.wallAcked = time.Now().UnixNano()
+		}
 		r.store.WriteAsync(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	case cheetah.KindResult:
 		r.end(c, cheetah.StatusCompleted, nil, &app)

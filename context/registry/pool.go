@@ -137,7 +137,7 @@ func (r *Registry) refreshIdle(w *wctx) {
 		if w.matches(&wt.req) {
 			p.waiters.Remove(e)
 			wt.elem = nil
-			l, err := r.assign(w, &wt.req, wt.token, now)
+			l, err := r.assign(w, &wt.req, wt.token, now, wt.sc)
 			wt.ch <- acquireResult{lease: l, err: err}
 			return
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
@@ -58,6 +60,11 @@ type Config struct {
 	// MaxInFlightPerContext bounds a context's commands admitted and not yet
 	// ended (1,024); a send past it fails overloaded. Negative is unbounded.
 	MaxInFlightPerContext int
+	// TracerProvider makes the spans of acquires and commands; nil is otel's
+	// global provider (a no-op unless the application installed an SDK).
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the registry's metrics; nil records none.
+	MeterProvider metric.MeterProvider
 }
 
 // Limits of the acquire and send requests.
@@ -111,6 +118,7 @@ type Registry struct {
 	clock clockwork.Clock
 	store Store
 	log   *slog.Logger
+	tel   *telemetry
 
 	mu       sync.Mutex
 	users    map[string]*pool
@@ -121,6 +129,12 @@ type Registry struct {
 	finished *memo[finishedCommand] // recently ended commands, for late messages
 	epochs   epochRange
 	closed   bool
+	// draining is set by Drain: no new acquire or send is admitted.
+	// interrupting is set by Interrupt: a command whose record becomes
+	// durable ends interrupted instead of being dispatched. idle is closed
+	// once draining and no command is in flight.
+	draining, interrupting bool
+	idle                   chan struct{}
 
 	wg   sync.WaitGroup // background epoch reservations
 	kick chan struct{}  // wakes the expiry loop when the earliest deadline moves
@@ -149,7 +163,13 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	tel, err := newTelemetry(r, cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("registry: metrics: %w", err)
+	}
+	r.tel = tel
 	if err := r.reserveEpochs(ctx); err != nil {
+		tel.close()
 		return nil, err
 	}
 	go r.expiryLoop()
@@ -159,7 +179,8 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 // Close stops the expiry loop and every timer, fails waiting acquires and
 // resolves every waiting send as interrupted. It writes nothing: the caller
 // closes the store after, and the next start marks what was in flight
-// interrupted in history.
+// interrupted in history. A graceful stop calls Drain and Interrupt first,
+// so that nothing is left in flight for Close.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -186,13 +207,17 @@ func (r *Registry) Close() {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
+		e := &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker stopped"}
 		if c.resolved != nil {
-			c.resolved <- cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted,
-				Error: &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker stopped"}}
+			c.resolved <- cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted, Error: e}
 		}
 		r.forget(c)
+		if c.spans.cmd != nil {
+			r.tel.ended(c, cheetah.StatusInterrupted, e, "", r.clock.Now())
+		}
 	}
 	r.mu.Unlock()
+	r.tel.close()
 	close(r.stop)
 	<-r.done
 	r.wg.Wait()

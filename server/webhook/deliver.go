@@ -74,6 +74,7 @@ func (w *Worker) attempt(d history.PendingDelivery) {
 	key, err := w.signingKey(ctx, d.KeyID)
 	if errors.Is(err, errNoSecret) {
 		log.Warn("webhook: delivery given up", "reason", err.Error())
+		w.count(OutcomeGaveUp)
 		st.LastError = err.Error()
 		w.record(ctx, log, st)
 		return
@@ -97,18 +98,22 @@ func (w *Worker) attempt(d history.PendingDelivery) {
 	switch res {
 	case delivered:
 		st.Delivered = true
+		w.count(OutcomeDelivered)
 		log.Debug("webhook: delivered")
 	case retry:
 		st.LastError = detail
 		if n < MaxAttempts {
 			now := w.clock.Now()
 			st.NextAt = nextAttempt(d.FinishedAt, n, now)
+			w.count(OutcomeRetry)
 			log.Info("webhook: attempt failed, will retry", "error", detail, "next_at", st.NextAt)
 		} else {
+			w.count(OutcomeFailed)
 			log.Warn("webhook: delivery failed, no attempts left", "error", detail)
 		}
 	case giveUp:
 		st.LastError = detail
+		w.count(OutcomeGaveUp)
 		log.Warn("webhook: delivery given up", "error", detail)
 	}
 	w.record(ctx, log, st)

@@ -30,6 +30,9 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
@@ -88,6 +91,9 @@ type Config struct {
 	PollInterval time.Duration
 	// Concurrency bounds the attempts in flight at once (16).
 	Concurrency int
+	// MeterProvider makes the worker's metric, cheetah.webhook.deliveries
+	// (attempts by outcome); nil records none.
+	MeterProvider metric.MeterProvider
 }
 
 func (c *Config) fill() {
@@ -123,6 +129,9 @@ type Worker struct {
 	log    *slog.Logger
 	client *http.Client
 	tr     *http.Transport
+	// attempts counts attempts by outcome; outcomes holds their options.
+	attempts metric.Int64Counter
+	outcomes map[string]metric.AddOption
 
 	// claimFor is how long a claimed delivery is kept from other polls; an
 	// attempt cut short by a crash is made again after it.
@@ -168,6 +177,9 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("webhook: the broker's webhook secret: %w", err)
 		}
 		w.secret = key
+	}
+	if err := w.instrument(cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("webhook: metrics: %w", err)
 	}
 	w.client, w.tr = newClient(cfg.Timeout, cfg.AllowPrivate)
 	w.ctx, w.cancel = context.WithCancel(context.Background())
@@ -379,4 +391,35 @@ func (w *Worker) Watched() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.watched)
+}
+
+// The outcomes of cheetah.webhook.deliveries.
+const (
+	OutcomeDelivered = "delivered" // a 2xx answer
+	OutcomeRetry     = "retry"     // failed; another attempt is scheduled
+	OutcomeFailed    = "failed"    // failed, and that was the last attempt
+	OutcomeGaveUp    = "gave_up"   // an answer that is not retried, or nothing to sign with
+)
+
+func (w *Worker) instrument(mp metric.MeterProvider) error {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	var err error
+	w.attempts, err = mp.Meter("github.com/cheetahbroker/cheetah/server/webhook").Int64Counter("cheetah.webhook.deliveries",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Webhook delivery attempts by outcome: delivered, retry, failed (no attempt left), gave_up."))
+	if err != nil {
+		return err
+	}
+	w.outcomes = map[string]metric.AddOption{}
+	for _, o := range []string{OutcomeDelivered, OutcomeRetry, OutcomeFailed, OutcomeGaveUp} {
+		w.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
+	}
+	return nil
+}
+
+// count records one attempt's outcome.
+func (w *Worker) count(outcome string) {
+	w.attempts.Add(context.Background(), 1, w.outcomes[outcome])
 }

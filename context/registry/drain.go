@@ -1,0 +1,129 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// A graceful stop is Drain, then WaitIdle until a deadline, then Interrupt
+// for whatever is still in flight, then Close:
+//
+//	r.Drain()
+//	if err := r.WaitIdle(ctx); err != nil {
+//		n, err := r.Interrupt(graceCtx)
+//	}
+//	r.Close()
+
+// Drain stops admitting work: acquires and sends fail with overloaded ("the
+// broker is shutting down"), and acquires waiting for a context fail the same
+// way now. Commands in flight run on to their end; renew, release, reads and
+// the clients' messages go on as before. Draining twice changes nothing.
+func (r *Registry) Drain() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.draining {
+		return
+	}
+	r.draining = true
+	r.idle = make(chan struct{})
+	if len(r.commands) == 0 {
+		close(r.idle)
+		r.idle = nil
+	}
+	for _, p := range r.users {
+		for e := p.waiters.Front(); e != nil; e = e.Next() {
+			wt := e.Value.(*waiter)
+			wt.elem = nil
+			wt.ch <- acquireResult{err: errShuttingDown}
+		}
+		p.waiters.Init()
+	}
+}
+
+// WaitIdle waits until no command is in flight, or ctx ends. It is for
+// after Drain, when no command can start any more; before Drain it fails at
+// once.
+func (r *Registry) WaitIdle(ctx context.Context) error {
+	r.mu.Lock()
+	draining, idle := r.draining, r.idle
+	r.mu.Unlock()
+	if !draining {
+		return fmt.Errorf("registry: wait idle: not draining")
+	}
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("registry: wait idle: %w", ctx.Err())
+	}
+}
+
+// InFlight returns how many commands are admitted and not yet ended.
+func (r *Registry) InFlight() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.commands)
+}
+
+// Interrupt ends every command still in flight with status interrupted,
+// recorded in history like any other end, and hands their waiting callers
+// that resolution. A command whose record is still being written ends so as
+// soon as it is durable. It returns how many commands it ended, once every
+// one of those ends is durable, or when ctx ends first. It drains the
+// registry first if Drain was not called.
+//
+// Commands of response mode none are never marked interrupted (DESIGN §5):
+// one still queued is dropped from the registry and keeps the status it has
+// in history.
+func (r *Registry) Interrupt(ctx context.Context) (int, error) {
+	r.Drain()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return 0, nil // Close resolved whatever was left
+	}
+	r.interrupting = true
+	n := 0
+	for _, c := range r.commands {
+		if c.rec.ResponseMode != cheetah.ModeNone {
+			n++
+		}
+		if c.durable {
+			r.interrupt(c)
+		}
+		// Not durable yet: admit ends it once its record is written.
+	}
+	idle := r.idle
+	r.mu.Unlock()
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return n, fmt.Errorf("registry: interrupt: %w", ctx.Err())
+		}
+	}
+	// A write with no ops returns once everything enqueued before it is
+	// written: the interrupted statuses among them.
+	if err := r.store.Write(ctx); err != nil {
+		return n, fmt.Errorf("registry: interrupt: %w", err)
+	}
+	return n, nil
+}
+
+// interrupt ends durable command c as interrupted; r.mu is held.
+func (r *Registry) interrupt(c *command) {
+	if c.rec.ResponseMode == protocol.ResponseNone {
+		r.forget(c)
+		if c.traced {
+			go r.tel.ended(c, c.rec.Status, nil, "", r.clock.Now())
+		}
+		return
+	}
+	r.finish(c, cheetah.StatusInterrupted, &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker shut down before the command ended"})
+}
