@@ -65,8 +65,11 @@ func (s *session) Send(f protocol.Frame) bool {
 	case s.out <- outItem{frame: f}:
 		return true
 	default:
-		s.log.Warn("client does not read its frames; disconnecting", "queue", cap(s.out))
-		s.closeOnce.Do(func() { go s.ws.CloseNow() })
+		// Said once per client, not once per refused frame.
+		s.closeOnce.Do(func() {
+			s.log.Warn("client does not read its frames; disconnecting", "queue", cap(s.out))
+			go s.ws.CloseNow()
+		})
 		return false
 	}
 }
