@@ -43,6 +43,16 @@ bench-go: postgres
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./protocol/
+	@# Every other fuzz target in the repository, found by name, each for
+	@# FUZZTIME (reliability/fuzz: HTTP JSON bodies, state-report reconciler).
+	@# Crashers land in the package's testdata/fuzz and stay as seeds.
+	@for dir in $$(grep -rl --exclude-dir=.git --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go | sed 's/^func //'); do \
+	    [ "$$dir $$f" = "./protocol FuzzDecode" ] && continue; \
+	    echo "$(GO) test -run '^$$' -fuzz '^$$f$$' -fuzztime $(FUZZTIME) $$dir/"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$dir/ || exit 1; \
+	  done; \
+	done
 
 vet:
 	$(GO) vet $(PKGS)
@@ -69,3 +79,31 @@ chromium:
 test-extension: chromium
 	node --test extension/test/
 	$(GO) test -race -count=1 ./extension/...
+
+# The reliability suite's long modes (issue 7; docs/reliability.md lists
+# every test and the figures of the last long run). The quick modes run in
+# `make test`. RELIABILITY_TESTFLAGS adds go test flags (e.g. -race).
+RELIABILITY_TESTFLAGS ?=
+.PHONY: soak chaos
+
+# Soak: many clients and contexts under churn with an independent checker,
+# on SQLite and PostgreSQL in turn, for SOAK_DURATION each.
+SOAK_DURATION ?= 10m
+SOAK_FLAGS    ?= -soak.clients 20 -soak.contexts 4 -soak.workers 32 -soak.stores sqlite,postgres
+soak: postgres
+	$(GO) test -count=1 -timeout 0 -v $(RELIABILITY_TESTFLAGS) -run '^TestSoak$$' ./reliability/soak/ \
+		-soak.duration $(SOAK_DURATION) $(SOAK_FLAGS)
+
+# Chaos: the faults package with CHAOS_ROUNDS SIGKILLs of the broker per
+# store and CHAOS_PG_CYCLES PostgreSQL outages, then the long
+# linearizability and security runs.
+CHAOS_ROUNDS     ?= 25
+CHAOS_PG_CYCLES  ?= 10
+CHAOS_HISTORIES  ?= 400
+CHAOS_FLOOD      ?= 3000
+chaos: postgres
+	$(GO) test -count=1 -timeout 0 -v $(RELIABILITY_TESTFLAGS) ./reliability/faults/ \
+		-chaos.rounds $(CHAOS_ROUNDS) -chaos.pgcycles $(CHAOS_PG_CYCLES)
+	$(GO) test -count=1 -timeout 0 -v $(RELIABILITY_TESTFLAGS) ./reliability/linearize/ -linearize.histories $(CHAOS_HISTORIES)
+	$(GO) test -count=1 -timeout 0 -v $(RELIABILITY_TESTFLAGS) ./reliability/security/ \
+		-security.flood $(CHAOS_FLOOD) -security.timing 1000000

@@ -365,6 +365,9 @@ func (s *session) heartbeat(ctx context.Context) {
 		}
 		if s.srv.clock.Since(time.Unix(0, s.lastSeen.Load())) >= 3*hb {
 			s.Close(protocol.CloseTimeout, "no frame or pong for three heartbeats")
+			// A silent peer may take the close handshake's whole timeout:
+			// its contexts stop being live now, not when that ends.
+			s.srv.reg.Disconnect(s.att)
 			return
 		}
 		go func() {

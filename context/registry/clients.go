@@ -176,6 +176,20 @@ func (r *Registry) dropContext(w *wctx) {
 	r.refreshIdle(w)
 	delete(w.client.contexts, w.id)
 	r.flushQueue(w)
+	// No command of w can be dispatched any more, so the notices still
+	// queued behind one that is not durable yet go out now: a context
+	// reported again is a new object, and its new lease's assignment must
+	// not overtake the old lease's end.
+	kept := w.queue[:0]
+	for _, c := range w.queue {
+		if c.notice == nil {
+			kept = append(kept, c)
+		} else if conn := w.client.conn; conn != nil {
+			conn.Send(c.notice)
+		}
+	}
+	clear(w.queue[len(kept):])
+	w.queue = kept
 }
 
 // forgetClient removes a client with no connection and no contexts.

@@ -36,7 +36,7 @@ type command struct {
 	preserving bool
 	timer      clockwork.Timer
 	// resolved receives the resolution once the terminal status is durable.
-	resolved chan cheetah.Resolution
+	resolved chan outcome
 	// spans is the command's trace; traced says whether a tracer records
 	// it, and the wall* stamps (unix ns, set only when traced) time its
 	// span events: the registry's clock may be a test's fake one.
@@ -48,6 +48,13 @@ type command struct {
 	// behind commands not yet dispatched, so the client sees commands and
 	// assignment changes in the order they happened.
 	notice protocol.Frame
+}
+
+// outcome is what a waiting send learns: the resolution, or an error when
+// its end could not be made durable.
+type outcome struct {
+	res cheetah.Resolution
+	err error
 }
 
 // finishedCommand is what the registry remembers of a command that ended or
@@ -88,8 +95,8 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 		return cheetah.Resolution{}, err
 	}
 	select {
-	case res := <-c.resolved:
-		return res, nil
+	case o := <-c.resolved:
+		return o.res, o.err
 	case <-ctx.Done():
 	}
 	r.mu.Lock()
@@ -252,7 +259,7 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	c.rec.UserID, c.rec.ClientID, c.rec.ContextID = c.user, c.client, w.id
 	c.rec.TaskID, c.rec.Epoch, c.rec.CreatedAt = l.taskID, l.epoch, now.UTC()
 	if c.rec.ResponseMode != cheetah.ModeNone {
-		c.resolved = make(chan cheetah.Resolution, 1)
+		c.resolved = make(chan outcome, 1)
 	}
 	if wait {
 		c.preserving = true
@@ -444,12 +451,15 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 	}
 	ops = append(ops, history.SetStatus{CommandID: id, Status: status, Error: e, At: now})
 	res := cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
-	r.store.WriteAsync(func(error) {
+	r.store.WriteAsync(func(werr error) {
 		// This runs on the store's writer, which may be what a caller holding
 		// r.mu waits on (a full write queue), so the lock is taken elsewhere.
-		// The resolution goes to the caller even when the write failed: the
-		// caller must not hang; the record then shows the last status that
-		// was written.
+		// When the write failed the caller gets store_unavailable rather than
+		// a resolution history cannot show (invariant 8); it must not hang.
+		o := outcome{res: res}
+		if werr != nil {
+			o.err = cheetah.StoreUnavailable("registry: record the command's end", werr)
+		}
 		go func() {
 			r.mu.Lock()
 			r.unpreserve(c, true)
@@ -458,7 +468,7 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 			// command's spans ended and its duration counted.
 			r.tel.ended(c, status, e, terminal, now)
 			if c.resolved != nil {
-				c.resolved <- res
+				c.resolved <- o
 			}
 		}()
 	}, ops...)

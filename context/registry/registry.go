@@ -209,7 +209,7 @@ func (r *Registry) Close() {
 		}
 		e := &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker stopped"}
 		if c.resolved != nil {
-			c.resolved <- cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted, Error: e}
+			c.resolved <- outcome{res: cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted, Error: e}}
 		}
 		r.forget(c)
 		if c.spans.cmd != nil {

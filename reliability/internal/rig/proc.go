@@ -1,0 +1,153 @@
+// Package rig is the reliability suite's test rig: the cheetah binary built
+// once per test binary, processes that are always stopped, a PostgreSQL
+// cluster of the test's own, a small HTTP client for the API, raw protocol
+// clients and the independent epoch checker that fake clients feed.
+package rig
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Build compiles the cheetah binary into dir and returns its path. Test
+// binaries call it from TestMain.
+func Build(dir string) (string, error) {
+	bin := filepath.Join(dir, "cheetah")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/cheetahbroker/cheetah/cmd/cheetah")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("build cheetah: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// SyncBuffer is a bytes.Buffer safe for a process's output and a reader.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Proc is a process started by a test, in a process group of its own so
+// that whatever it starts (an agent's exec children) is stopped with it.
+type Proc struct {
+	Name string
+	Cmd  *exec.Cmd
+	Out  *SyncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Start runs bin with args and env (added to the test's environment). The
+// process group is killed when the test ends, whatever happened.
+func Start(t testing.TB, name string, env []string, bin string, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &Proc{Name: name, Cmd: cmd, Out: out, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("%s output (last 8 KiB):\n%s", name, tail(out.String(), 8<<10))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Kill sends SIGKILL to the whole process group and waits for the process.
+func (p *Proc) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Signal sends sig to the process group.
+func (p *Proc) Signal(sig syscall.Signal) error { return syscall.Kill(-p.Cmd.Process.Pid, sig) }
+
+// Stop sends SIGTERM and waits up to grace for the exit, then kills.
+func (p *Proc) Stop(grace time.Duration) error {
+	_ = p.Signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return p.err
+	case <-t.C:
+		p.Kill()
+		return fmt.Errorf("%s did not stop within %s", p.Name, grace)
+	}
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// PollUntil calls cond every interval until it is true or d passes. Only for
+// external processes, which send no signal a test could wait on.
+func PollUntil(ctx context.Context, d, interval time.Duration, cond func() bool) bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if cond() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return cond()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package linearize
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/reliability/internal/rig"
+	"github.com/cheetahbroker/cheetah/server"
+)
+
+var (
+	histories  = flag.Int("linearize.histories", 24, "histories checked against the registry in process (a quarter as many over HTTP)")
+	goroutines = flag.Int("linearize.goroutines", 4, "concurrent callers per history")
+	opsEach    = flag.Int("linearize.ops", 25, "operations per caller")
+)
+
+const nContexts = 3
+
+// check runs porcupine and, on failure, writes the visualisation.
+func check(t *testing.T, name string, h []porcupine.Operation) {
+	t.Helper()
+	res, info := porcupine.CheckOperationsVerbose(Model(nContexts), h, time.Minute)
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Unknown:
+		t.Fatalf("%s: porcupine timed out on %d operations", name, len(h))
+	default:
+		f, err := os.CreateTemp("", "cheetah-linearize-*.html")
+		if err == nil {
+			_ = porcupine.Visualize(Model(nContexts), info, f)
+			f.Close()
+		}
+		t.Fatalf("%s: the history of %d operations is not linearizable (visualisation: %s): %s", name, len(h), f.Name(), Describe(h))
+	}
+}
+
+// nullConn takes frames and answers nothing: sends stay in flight, which
+// the model does not care about.
+type nullConn struct{}
+
+func (nullConn) Send(protocol.Frame) bool         { return true }
+func (nullConn) Close(protocol.CloseCode, string) {}
+
+type regDriver struct {
+	reg  *registry.Registry
+	user string
+}
+
+func (d regDriver) Acquire(ctx context.Context) (cheetah.Lease, error) {
+	return d.reg.Acquire(ctx, cheetah.AcquireRequest{UserID: d.user, TaskID: "lin", ClientType: cheetah.Console, TTL: time.Hour})
+}
+func (d regDriver) Release(ctx context.Context, l cheetah.Lease) (bool, error) {
+	return d.reg.Release(ctx, l)
+}
+func (d regDriver) Renew(ctx context.Context, l cheetah.Lease) error {
+	_, err := d.reg.Renew(ctx, l, 0)
+	return err
+}
+func (d regDriver) Send(ctx context.Context, l cheetah.Lease) error {
+	_, err := d.reg.Send(ctx, l, cheetah.Command{Name: "noop"}, cheetah.SendOptions{ResponseMode: cheetah.ModeNone})
+	return err
+}
+func (d regDriver) Revoke(_ context.Context, i int) (bool, error) {
+	return d.reg.Revoke(d.user, "lin-client", fmt.Sprintf("c%d", i)), nil
+}
+func (d regDriver) ContextIndex(id string) int { return contextIndex(id) }
+
+func contextIndex(id string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(id, "c"))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func reports() []protocol.ContextReport {
+	var reps []protocol.ContextReport
+	for i := range nContexts {
+		reps = append(reps, rig.Worker(fmt.Sprintf("c%d", i)))
+	}
+	return reps
+}
+
+// TestRegistryLinearizable checks histories recorded against the registry
+// in process, each on a fresh registry over one SQLite store.
+func TestRegistryLinearizable(t *testing.T) {
+	t.Parallel()
+	store := historytest.NewSQLite(t)
+	ops := 0
+	for i := range *histories {
+		reg, err := registry.New(context.Background(), registry.Config{Store: store, EpochBlock: 16})
+		require.NoError(t, err)
+		att := reg.Connect(registry.ClientInfo{UserID: "usr_lin", ClientID: "lin-client", Type: cheetah.Console}, nullConn{})
+		reg.Report(att, reports())
+		h := Record(regDriver{reg: reg, user: "usr_lin"}, uint64(i), *goroutines, *opsEach)
+		check(t, fmt.Sprintf("registry history %d", i), h)
+		ops += len(h)
+		if i == 0 {
+			t.Logf("history 0: %s", Describe(h))
+		}
+		reg.Close()
+	}
+	t.Logf("%d histories, %d operations, all linearizable", *histories, ops)
+}
+
+type httpDriver struct {
+	api       *rig.API
+	app, user string
+	client    string
+	admin     string
+}
+
+func (d httpDriver) Acquire(ctx context.Context) (cheetah.Lease, error) {
+	l, ans := d.api.Acquire(ctx, d.app, map[string]any{"user_id": d.user, "task_id": "lin", "client_type": "console", "ttl_s": 3600})
+	return l, answerErr(ans, 201)
+}
+func (d httpDriver) Release(ctx context.Context, l cheetah.Lease) (bool, error) {
+	ans := d.api.Do(ctx, "POST", "/api/v1/lease/release", d.app, nil, "X-Lease", l.LeaseToken)
+	var out struct{ Released bool }
+	if err := answerErr(ans, 200); err != nil {
+		return false, err
+	}
+	return out.Released, ans.Decode(&out)
+}
+func (d httpDriver) Renew(ctx context.Context, l cheetah.Lease) error {
+	return answerErr(d.api.Do(ctx, "POST", "/api/v1/lease/renew", d.app, nil, "X-Lease", l.LeaseToken), 200)
+}
+func (d httpDriver) Send(ctx context.Context, l cheetah.Lease) error {
+	_, ans := d.api.Send(ctx, d.app, l.LeaseToken, map[string]any{"name": "noop"})
+	return answerErr(ans, 202)
+}
+func (d httpDriver) Revoke(ctx context.Context, i int) (bool, error) {
+	ans := d.api.Do(ctx, "POST", fmt.Sprintf("/api/v1/admin/users/%s/clients/%s/contexts/c%d/revoke", d.user, d.client, i), d.admin, nil)
+	if err := answerErr(ans, 200); err != nil {
+		return false, err
+	}
+	var out struct{ Revoked bool }
+	return out.Revoked, ans.Decode(&out)
+}
+func (d httpDriver) ContextIndex(id string) int { return contextIndex(id) }
+
+func answerErr(a rig.Answer, want int) error {
+	if a.Err != nil {
+		return a.Err
+	}
+	if a.Status == want {
+		return nil
+	}
+	switch a.Code() {
+	case cheetah.CodeLeaseLost:
+		return &cheetah.LeaseLostError{Reason: cheetah.LostReason(a.Reason())}
+	case cheetah.CodeNoContextAvailable:
+		return &cheetah.NoContextError{Reason: cheetah.NoContextReason(a.Reason())}
+	}
+	return fmt.Errorf("%s", a)
+}
+
+// TestBrokerLinearizable checks histories recorded over the HTTP API of a
+// whole broker, with a fake client answering on the contexts.
+func TestBrokerLinearizable(t *testing.T) {
+	t.Parallel()
+	const admin = "linearize-admin-key-0123456789abcdef"
+	ctx := context.Background()
+	b, err := server.Open(ctx, server.Options{DataDir: t.TempDir(), AdminKey: admin})
+	require.NoError(t, err)
+	hs := httptest.NewServer(b.Server.Handler())
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_ = b.Close(cctx)
+	})
+	api := rig.NewAPI(hs.URL)
+	defer api.HC.CloseIdleConnections()
+	app := api.MakeKey(t, admin, "app", "")
+	n := max(1, *histories/4)
+	ops := 0
+	var mu sync.Mutex
+	for i := range n {
+		user := fmt.Sprintf("usr_lin_%d", i)
+		fc := &rig.FakeClient{URL: hs.URL, Key: api.MakeKey(t, admin, "client", user), UserID: user, ClientID: "lin-client", Check: rig.NewChecker()}
+		require.NoError(t, fc.Connect(ctx))
+		require.NoError(t, fc.Report(reports()...))
+		h := Record(httpDriver{api: api, app: app, user: user, client: "lin-client", admin: admin}, uint64(1000+i), *goroutines, *opsEach)
+		check(t, fmt.Sprintf("HTTP history %d", i), h)
+		require.Empty(t, fc.Check.Errors())
+		fc.Close()
+		mu.Lock()
+		ops += len(h)
+		mu.Unlock()
+	}
+	t.Logf("%d histories over HTTP, %d operations, all linearizable", n, ops)
+}
+
+// TestModelRejects makes sure the model is not vacuous: histories that
+// break the contract are refused.
+func TestModelRejects(t *testing.T) {
+	op := func(c int, call, ret int64, in Input, out Output) porcupine.Operation {
+		return porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret}
+	}
+	bad := map[string][]porcupine.Operation{
+		"two leases on one context": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(1, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 2, Lease: 1}),
+		},
+		"not the longest idle": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 1, Lease: 0}),
+		},
+		"epoch goes back": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 5, Lease: 0}),
+			op(1, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 4, Lease: 1}),
+		},
+		"send through a released lease": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+			op(1, 4, 5, Input{Kind: Send, Lease: 0}, Output{OK: true}),
+		},
+		"wrong reason": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+			op(0, 4, 5, Input{Kind: Renew, Lease: 0}, Output{Reason: "released"}),
+		},
+		"release twice clears twice": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+			op(0, 4, 5, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+		},
+		"no context although one is idle": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{}),
+		},
+	}
+	for name, h := range bad {
+		require.False(t, porcupine.CheckOperations(Model(nContexts), h), name)
+	}
+	good := []porcupine.Operation{
+		// Two concurrent acquires: the one that returned the lower epoch
+		// took the longest idle context first.
+		op(0, 0, 10, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 7, Lease: 0}),
+		op(1, 1, 11, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 3, Lease: 1}),
+		op(0, 12, 13, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+		op(0, 14, 15, Input{Kind: Send, Lease: 1}, Output{Reason: "revoked"}),
+		op(1, 16, 17, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+		op(1, 18, 19, Input{Kind: Acquire}, Output{OK: true, Context: 2, Epoch: 9, Lease: 2}),
+		op(1, 20, 21, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 10, Lease: 3}),
+		op(0, 22, 23, Input{Kind: Renew, Lease: 1}, Output{Reason: "reassigned"}),
+		op(0, 24, 25, Input{Kind: Release, Lease: 1}, Output{}),
+		op(0, 26, 27, Input{Kind: Send, Lease: -1}, Output{Reason: "unknown_lease"}),
+	}
+	require.True(t, porcupine.CheckOperations(Model(nContexts), good))
+}
