@@ -227,8 +227,13 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	if ctx.Err() != nil {
 		return cancelled(id, trace) // the deferred closeReq tells the broker
 	}
+	// The broker answers 200 at admission, so an error after it (the end
+	// could not be recorded) comes as an error envelope in the 200 body.
 	var out struct {
-		Resolution cheetah.Resolution `json:"resolution"`
+		Resolution *cheetah.Resolution `json:"resolution"`
+		Error      *struct {
+			Code, Message, Reason string
+		} `json:"error"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		if ctx.Err() != nil {
@@ -236,7 +241,13 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		}
 		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: decode the answer: %w", path, err)
 	}
-	return out.Resolution, nil
+	if out.Error != nil {
+		return cheetah.Resolution{CommandID: id, TraceID: trace}, cheetah.FromCode(out.Error.Code, out.Error.Reason, out.Error.Message)
+	}
+	if out.Resolution == nil {
+		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: the answer holds no resolution", path)
+	}
+	return *out.Resolution, nil
 }
 
 func (b *backend) Renew(ctx context.Context, lease cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {

@@ -166,7 +166,8 @@ func worker(api *rig.API, key, user string, seed uint64, stop <-chan struct{}, l
 			res, id, ans := api.SendAndWait(ctx, key, lease.LeaseToken, map[string]any{"name": "work", "params": params, "timeout_ms": 10000})
 			led.answer("wait", ans)
 			if id != "" {
-				led.command(id, outcome{wait: true, resolved: ans.Err == nil && ans.Status == 200, status: res.Status})
+				// A 200 whose body is an error envelope is not a resolution.
+				led.command(id, outcome{wait: true, resolved: ans.Err == nil && ans.Status == 200 && ans.Code() == "", status: res.Status})
 			}
 			if ans.Err == nil && ans.Status != 200 && !allowed("wait", ans) {
 				led.badf("send_and_wait: %s", ans)

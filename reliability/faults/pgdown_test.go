@@ -73,6 +73,7 @@ func TestPostgresGoesAway(t *testing.T) {
 	}
 	var probesMu sync.Mutex
 	var outage []probe
+	var late200 []string       // waits answered 200 whose body is an error envelope
 	var recovered atomic.Int64 // unix nanos of the first send admitted after a start
 	proberStop := make(chan struct{})
 	var pwg sync.WaitGroup
@@ -95,8 +96,15 @@ func TestPostgresGoesAway(t *testing.T) {
 				}
 				res, wid, wans := api.SendAndWait(ctx, app, lease.LeaseToken, map[string]any{"name": "work", "params": map[string]any{"ms": 1}})
 				got = append(got, probe{"wait", wans.Status, wans.Code()})
+				if wans.Status == 200 && wans.Code() != "" {
+					// Admitted (200 and X-Command-Id already sent), then an
+					// error: it can only travel in the body.
+					probesMu.Lock()
+					late200 = append(late200, wid+" "+wans.Code())
+					probesMu.Unlock()
+				}
 				if wid != "" {
-					led.command(wid, outcome{wait: true, resolved: wans.Status == 200, status: res.Status})
+					led.command(wid, outcome{wait: true, resolved: wans.Status == 200 && wans.Code() == "", status: res.Status})
 				}
 				if sans.Status == 202 && p0 == phaseRecovering {
 					recovered.CompareAndSwap(0, time.Now().UnixNano())
@@ -197,6 +205,16 @@ func TestPostgresGoesAway(t *testing.T) {
 	t.Logf("%d outages survived (recovery after start: %v); %d commands recorded, %d received by agents; outage answers:%s",
 		*pgCycles, recoveries, len(led.ids), len(chk.Commands()), b.String())
 	noSecrets(t, serve.AllLogs(), adminKey, app, cli)
+	for k, n := range led.answers {
+		if strings.HasPrefix(k, "wait 200 ") && strings.TrimSpace(strings.TrimPrefix(k, "wait 200 ")) != "" {
+			for range n {
+				late200 = append(late200, "a worker's wait: "+k)
+			}
+		}
+	}
+	if len(late200) > 0 {
+		t.Logf("%d send_and_wait answers were 200 with an error envelope for a body, e.g. %s", len(late200), late200[0])
+	}
 	if len(stale) > 0 {
 		sort.Strings(stale)
 		t.Logf("%d resolutions history does not show, e.g. %s", len(stale), stale[0])
@@ -204,5 +222,10 @@ func TestPostgresGoesAway(t *testing.T) {
 			"although its terminal status and message were never written, and history keeps the last status written " +
 			"(dispatched/acknowledged) until the next restart marks it interrupted; invariant 8 (read your result) breaks. " +
 			"context/registry/commands.go end(): the WriteAsync callback ignores its error")
+	}
+	if len(late200) > 0 {
+		t.Skip("known bug: a send_and_wait whose end could not be recorded answers HTTP 200 with an error envelope " +
+			"(server/api.go sendAndWait flushed 200 at admission), which the remote SDK decodes as a zero Resolution " +
+			"and no error; TestTerminalWriteFailsOverHTTP reproduces it")
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -94,15 +96,64 @@ func tail(s string, n int) string {
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
 
-// Kill sends SIGKILL to the whole process group and waits for the process.
+// Kill sends SIGKILL to the whole process group, and to every descendant
+// that left it (the agent starts each program in a group of its own), and
+// waits for the process.
 func (p *Proc) Kill() {
 	select {
 	case <-p.done:
 		return
 	default:
 	}
+	// Found before the kill: once the parent is gone they belong to init.
+	rest := descendants(p.Cmd.Process.Pid)
 	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	for _, pid := range rest {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	<-p.done
+}
+
+// descendants lists the processes below pid, from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], child)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, c := range children[next] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
 }
 
 // Signal sends sig to the process group.
