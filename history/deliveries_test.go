@@ -16,7 +16,7 @@ import (
 
 // stores runs fn on a fresh store of each dialect.
 func stores(t *testing.T, fn func(t *testing.T, s *history.Store)) {
-	for name, open := range map[string]func(testing.TB) *history.Store{
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
 		"sqlite":   historytest.NewSQLite,
 		"postgres": historytest.NewPostgres,
 	} {

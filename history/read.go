@@ -181,7 +181,9 @@ func (s *Store) ReserveEpochs(ctx context.Context, n int64) (first int64, err er
 		Raw("UPDATE epochs SET high_water = high_water + ? WHERE id = 1 RETURNING high_water", n).
 		Scan(&high)
 	if res.Error != nil {
-		return 0, fail("history.ReserveEpochs", res.Error)
+		err := fail("history.ReserveEpochs", res.Error)
+		s.markDown(err)
+		return 0, err
 	}
 	if res.RowsAffected != 1 {
 		// The migration seeds the row; without it epochs cannot be issued.

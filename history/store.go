@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	sqlitedriver "github.com/glebarez/go-sqlite"
@@ -52,6 +53,9 @@ type Config struct {
 	// MeterProvider makes the writer's metrics (commit latency and batch
 	// size); nil records none.
 	MeterProvider metric.MeterProvider
+	// MaxHeldBytes bounds what asynchronous writes may hold while the
+	// database does not answer (an estimate of their size). Default 64 MiB.
+	MaxHeldBytes int
 }
 
 // The dialects a Store runs on.
@@ -89,6 +93,17 @@ type Store struct {
 
 	stats stats
 	inst  writerInstruments
+
+	// down is set while the database does not answer (see Health); wake
+	// tells the writer when someone else found that out.
+	down atomic.Pointer[downState]
+	wake chan struct{}
+	// What an outage holds, oldest first; only the writer goroutine
+	// touches these.
+	held       []request
+	heldBytes  int
+	maxHeld    int
+	warnedDrop bool
 }
 
 // maxBatchSize keeps the one seq query of a batch (an IN list with a
@@ -118,8 +133,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		// commit is in flight; beyond that WriteAsync blocks (backpressure).
 		queue:   make(chan request, 4*cfg.BatchSize),
 		stopped: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		maxHeld: cfg.MaxHeldBytes,
 	}
-	if err := s.inst.init(cfg.MeterProvider); err != nil {
+	if err := s.inst.init(cfg.MeterProvider, &s.stats); err != nil {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("history.Open: metrics: %w", err)
 	}
@@ -165,6 +182,9 @@ func withDefaults(cfg Config) Config {
 		cfg.BatchSize = 512
 	}
 	cfg.BatchSize = min(cfg.BatchSize, maxBatchSize)
+	if cfg.MaxHeldBytes <= 0 {
+		cfg.MaxHeldBytes = 64 << 20
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -296,11 +316,15 @@ func sqliteDSN(path, extra string) string {
 // Dialect returns "postgres" or "sqlite".
 func (s *Store) Dialect() string { return s.dialect }
 
-// Ping checks that the database answers a query, for readiness probes.
+// Ping checks that the database answers a query, for readiness probes. A
+// database that does not answer makes Health fail too, until the writer
+// finds it answering again.
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
 	if err := s.db.WithContext(ctx).Raw("SELECT 1").Scan(&one).Error; err != nil {
-		return fail("history.Ping", err)
+		err = fail("history.Ping", err)
+		s.markDown(err)
+		return err
 	}
 	return nil
 }
@@ -314,6 +338,10 @@ func (s *Store) Close() error {
 		close(s.queue)
 		s.mu.Unlock()
 		<-s.stopped
+		s.down.Store(&downState{err: cheetah.StoreUnavailable("history", ErrClosed)})
+		if s.inst.reg != nil {
+			_ = s.inst.reg.Unregister()
+		}
 		s.closeErr = s.sqlDB.Close()
 	})
 	return s.closeErr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -24,6 +25,18 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestSQLite(t *testing.T) {
 	t.Parallel()
 	historytest.Run(t, func(t *testing.T) *history.Store { return historytest.NewSQLite(t) })
+}
+
+func TestSQLiteOutage(t *testing.T) {
+	t.Parallel()
+	historytest.RunOutage(t, func(t *testing.T) *history.Store {
+		return historytest.NewSQLite(t, historytest.BusyTimeout(200*time.Millisecond))
+	})
+}
+
+func TestPostgresOutage(t *testing.T) {
+	t.Parallel()
+	historytest.RunOutage(t, func(t *testing.T) *history.Store { return historytest.NewPostgres(t) })
 }
 
 func TestPostgres(t *testing.T) {
@@ -145,7 +158,7 @@ func TestConcurrentOpen(t *testing.T) {
 // BenchmarkGroupCommit measures what a busy broker does: many callers each
 // admitting a command and recording a message, each waiting for durability.
 func BenchmarkGroupCommit(b *testing.B) {
-	for name, open := range map[string]func(testing.TB) *history.Store{
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
 		"sqlite":   historytest.NewSQLite,
 		"postgres": historytest.NewPostgres,
 	} {
@@ -195,4 +208,46 @@ func TestMigrate(t *testing.T) {
 	s, err := history.Open(t.Context(), cfg)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
+}
+
+// What an outage holds is bounded: past MaxHeldBytes the newest writes are
+// dropped and counted, and what was held before them still lands in order.
+func TestHeldBound(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
+		"sqlite":   historytest.NewSQLite,
+		"postgres": historytest.NewPostgres,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			// Each progress op counts as 256 bytes plus its data: four fit.
+			s := open(t, historytest.BusyTimeout(100*time.Millisecond), historytest.MaxHeldBytes(4*300))
+			rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "usr_1111", ClientID: "c",
+				ContextID: "x", TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+			require.NoError(t, s.Write(ctx, history.InsertCommand{Rec: rec}))
+
+			restore := historytest.Outage(t, s)
+			const n = 10
+			errs := make(chan error, n)
+			for i := range n {
+				s.WriteAsync(func(err error) { errs <- err }, history.AppendMessage{CommandID: rec.CommandID,
+					Msg: cheetah.Message{Kind: cheetah.KindProgress, Data: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}})
+			}
+			for range n {
+				require.ErrorIs(t, <-errs, cheetah.ErrStoreUnavailable)
+			}
+			st := s.Stats()
+			require.EqualValues(t, 4, st.Held)
+			require.EqualValues(t, n-4, st.Dropped)
+			restore()
+			require.Eventually(t, func() bool { return s.Health() == nil }, 30*time.Second, 10*time.Millisecond)
+			got, err := s.Get(ctx, rec.UserID, rec.CommandID)
+			require.NoError(t, err)
+			require.Len(t, got.Messages, 4)
+			for i, m := range got.Messages {
+				require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, i), string(m.Data), "the oldest are kept, in order")
+			}
+		})
+	}
 }

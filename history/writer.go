@@ -79,6 +79,10 @@ func (SetDelivery) isOp()   {}
 type request struct {
 	ops  []Op
 	done func(error)
+	// keep marks a WriteAsync: when the database does not answer, its ops
+	// are held and written again once it does, rather than dropped. A
+	// Write's caller learns of the failure and decides for itself.
+	keep bool
 }
 
 // Stats counts what the writer committed, for metrics and for tests that
@@ -87,9 +91,14 @@ type Stats struct {
 	Batches int64 // transactions committed
 	Ops     int64 // ops committed
 	Retries int64 // batches that failed and were retried one request at a time
+	// Held is how many ops of WriteAsync calls wait for the database to
+	// answer again; Recovered counts the held ops written since, and
+	// Dropped those lost: beyond MaxHeldBytes, refused by the database
+	// when written again, or still held when the store closed.
+	Held, Recovered, Dropped int64
 }
 
-type stats struct{ batches, ops, retries atomic.Int64 }
+type stats struct{ batches, ops, retries, held, recovered, dropped atomic.Int64 }
 
 // writerInstruments are the writer's OpenTelemetry metrics: how long each
 // transaction took and how many ops it held, by outcome (ok or error).
@@ -99,9 +108,10 @@ type writerInstruments struct {
 	// ok and error are built once: a fresh variadic slice per Record would
 	// allocate on every commit.
 	ok, error []metric.RecordOption
+	reg       metric.Registration
 }
 
-func (w *writerInstruments) init(mp metric.MeterProvider) error {
+func (w *writerInstruments) init(mp metric.MeterProvider, st *stats) error {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
@@ -116,6 +126,24 @@ func (w *writerInstruments) init(mp metric.MeterProvider) error {
 	w.size, err = m.Int64Histogram("cheetah.history.write.batch_size", metric.WithUnit("{op}"),
 		metric.WithDescription("Ops in one group-commit transaction of the history writer, by outcome."),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+	if err != nil {
+		return err
+	}
+	held, err := m.Int64ObservableGauge("cheetah.history.write.held", metric.WithUnit("{op}"),
+		metric.WithDescription("Ops of asynchronous writes held while the database does not answer, to be written once it does."))
+	if err != nil {
+		return err
+	}
+	lost, err := m.Int64ObservableCounter("cheetah.history.write.dropped", metric.WithUnit("{op}"),
+		metric.WithDescription("Ops of asynchronous writes given up: beyond the held bound, refused when written again, or held at close."))
+	if err != nil {
+		return err
+	}
+	w.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(held, st.held.Load())
+		o.ObserveInt64(lost, st.dropped.Load())
+		return nil
+	}, held, lost)
 	if err != nil {
 		return err
 	}
@@ -136,7 +164,57 @@ func (w *writerInstruments) record(d time.Duration, ops int, err error) {
 
 // Stats returns the writer's counters since Open.
 func (s *Store) Stats() Stats {
-	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load()}
+	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load(),
+		Held: s.stats.held.Load(), Recovered: s.stats.recovered.Load(), Dropped: s.stats.dropped.Load()}
+}
+
+// Health returns nil while the database answers the writer. From the first
+// transaction that fails because the database does not answer until one
+// commits again with nothing left held, it returns that failure (a
+// store_unavailable error); after Close it returns ErrClosed. It costs an
+// atomic load, so the broker asks it on every acquire: an acquire writes
+// nothing, and without it a broker whose database is down would go on
+// handing out leases that no send could use.
+func (s *Store) Health() error {
+	if d := s.down.Load(); d != nil {
+		return d.err
+	}
+	return nil
+}
+
+// noteHealth records what the database's last answer says of its health;
+// err is that answer's error. A refusal is an answer: the database is up.
+func (s *Store) noteHealth(err error) {
+	switch {
+	case unavailable(err):
+		if s.down.Load() == nil {
+			s.log.Warn("history: the database does not answer; asynchronous writes are held until it does", "error", err)
+		}
+		s.down.Store(&downState{err: err})
+	case s.down.Load() != nil && len(s.held) == 0:
+		s.log.Info("history: the database answers again")
+		s.down.Store(nil)
+	}
+}
+
+type downState struct{ err error }
+
+// markDown records, from outside the writer, that the database did not
+// answer, and wakes the writer so that it starts probing.
+func (s *Store) markDown(err error) {
+	if unavailable(err) && s.down.CompareAndSwap(nil, &downState{err: err}) {
+		s.log.Warn("history: the database does not answer", "error", err)
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// unavailable reports whether err means the database did not answer (and
+// not that it refused an op, nor that the store is closed).
+func unavailable(err error) bool {
+	return errors.Is(err, cheetah.ErrStoreUnavailable) && !errors.Is(err, ErrClosed)
 }
 
 // Write enqueues ops and waits until the transaction holding them has
@@ -171,7 +249,10 @@ func (s *Store) Write(ctx context.Context, ops ...Op) error {
 
 // WriteAsync enqueues ops and returns; it blocks only while the queue is
 // full. done, if not nil, runs on the writer goroutine once the ops have
-// committed or failed. It must not block, and so must not call Write or
+// committed or failed. When they failed because the database does not
+// answer, done gets that error and the ops are held: they are written, in
+// order and before anything enqueued after them, once the database answers
+// again (up to MaxHeldBytes of them; Stats counts what was dropped). It must not block, and so must not call Write or
 // WriteAsync: with the queue full, the writer would wait on itself. If the
 // store is closed or an op is invalid, done runs on a goroutine of its own,
 // so that a caller holding a lock that done takes cannot deadlock.
@@ -189,7 +270,7 @@ func (s *Store) WriteAsync(done func(error), ops ...Op) {
 		go done(cheetah.StoreUnavailable("history.WriteAsync", ErrClosed))
 		return
 	}
-	s.queue <- request{ops: ops, done: done}
+	s.queue <- request{ops: ops, done: done, keep: true}
 }
 
 // validate refuses ops the writer could only fail on, before they can share
@@ -229,46 +310,89 @@ func validate(ops []Op) error {
 	return nil
 }
 
+// Probing a database that stopped answering starts after probeMin and backs
+// off to probeMax: recovery is noticed within half a second, and an outage
+// costs a few connection attempts a second.
+const (
+	probeMin = 50 * time.Millisecond
+	probeMax = 500 * time.Millisecond
+)
+
 // run is the writer goroutine. It takes whatever is queued, up to the batch
 // size, commits it in one transaction, and repeats: while one commit is in
 // flight the next batch accumulates, which is what makes group commit pay.
-// It returns when Close has closed the queue and everything queued is
-// written.
+// While the database does not answer it also probes it on a backoff, writing
+// what is held, so that the store recovers without any caller's write. It
+// returns when Close has closed the queue and everything queued is written.
 func (s *Store) run() {
 	defer close(s.stopped)
-	for first := range s.queue {
-		batch := []request{first}
-		n := len(first.ops)
-	fill:
-		for n < s.batch {
-			select {
-			case r, ok := <-s.queue:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, r)
-				n += len(r.ops)
-			default:
-				break fill
-			}
+	var probe <-chan time.Time
+	backoff := probeMin
+	for {
+		if s.down.Load() == nil {
+			probe, backoff = nil, probeMin
+		} else if probe == nil {
+			probe = time.After(backoff)
+			backoff = min(2*backoff, probeMax)
 		}
-		s.commit(batch)
+		select {
+		case first, ok := <-s.queue:
+			if !ok {
+				s.closeHeld()
+				return
+			}
+			s.commit(s.fill(first))
+		case <-probe:
+			probe = nil
+			s.probe()
+		case <-s.wake:
+		}
 	}
 }
 
-// commit writes a batch in one transaction. If that fails, it retries each
-// request alone, in order, so that one bad op (a duplicate id, a message for
-// an unknown command) fails only its own caller. When a retry shows that the
-// database itself is failing, the rest get that error without more tries.
+// fill adds to first whatever else is queued, up to the batch size.
+func (s *Store) fill(first request) []request {
+	batch := []request{first}
+	for n := len(first.ops); n < s.batch; {
+		select {
+		case r, ok := <-s.queue:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+			n += len(r.ops)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// commit writes a batch in one transaction, after whatever an outage held.
+// If that fails, it retries each request alone, in order, so that one bad op
+// (a duplicate id, a message for an unknown command) fails only its own
+// caller. When a retry shows that the database itself is failing, the rest
+// get that error without more tries.
 func (s *Store) commit(batch []request) {
+	// drainHeld notes the database's health before any caller below hears
+	// of a failure, so that a caller told store_unavailable finds Health
+	// saying so too.
+	if err := s.drainHeld(); err != nil {
+		// Still down: nothing may overtake what is held.
+		for _, r := range batch {
+			s.finish(r, err)
+		}
+		return
+	}
 	var ops []Op
 	for _, r := range batch {
 		ops = append(ops, r.ops...)
 	}
 	err := s.apply(ops)
 	if err == nil || len(batch) == 1 {
+		s.noteHealth(err)
 		for _, r := range batch {
-			r.done(err)
+			s.finish(r, err)
 		}
 		return
 	}
@@ -278,15 +402,161 @@ func (s *Store) commit(batch []request) {
 	var down error
 	for _, r := range batch {
 		if down != nil {
-			r.done(down)
+			s.finish(r, down)
 			continue
 		}
 		err := s.apply(r.ops)
-		if errors.Is(err, cheetah.ErrStoreUnavailable) {
+		if unavailable(err) {
 			down = err
+			s.noteHealth(down)
 		}
-		r.done(err)
+		s.finish(r, err)
 	}
+	if down == nil {
+		s.noteHealth(nil)
+	}
+}
+
+// finish tells a request's caller how it went, and holds the ops of a
+// WriteAsync that failed because the database did not answer.
+func (s *Store) finish(r request, err error) {
+	if r.keep && unavailable(err) {
+		s.hold(r)
+	}
+	r.done(err)
+}
+
+// hold keeps r's ops for drainHeld, unless that would pass MaxHeldBytes:
+// then they are dropped, and counted, so that an outage costs bounded memory.
+// What is dropped is the newest, so what is written later stays a prefix of
+// what was enqueued.
+func (s *Store) hold(r request) {
+	n := opsBytes(r.ops)
+	if s.heldBytes+n > s.maxHeld {
+		if !s.warnedDrop {
+			s.warnedDrop = true
+			s.log.Error("history: too much is held while the database does not answer; dropping asynchronous writes",
+				"held_ops", len(s.held), "held_bytes", s.heldBytes, "max_held_bytes", s.maxHeld)
+		}
+		s.stats.dropped.Add(int64(len(r.ops)))
+		return
+	}
+	s.held = append(s.held, request{ops: r.ops, keep: true})
+	s.heldBytes += n
+	s.stats.held.Add(int64(len(r.ops)))
+}
+
+// drainHeld writes what is held, oldest first, in transactions of up to a
+// batch of ops each. It returns the database's error while it still does not
+// answer. Held ops the database refuses on their own (a message whose
+// command retention deleted meanwhile) are dropped with a warning; the rest
+// still land.
+func (s *Store) drainHeld() error {
+	for len(s.held) > 0 {
+		n, size := 0, 0
+		for n < len(s.held) && (n == 0 || size+len(s.held[n].ops) <= s.batch) {
+			size += len(s.held[n].ops)
+			n++
+		}
+		var ops []Op
+		for _, r := range s.held[:n] {
+			ops = append(ops, r.ops...)
+		}
+		err := s.apply(ops)
+		if err != nil && !unavailable(err) {
+			for range n {
+				e := s.apply(s.held[0].ops)
+				if unavailable(e) {
+					s.noteHealth(e)
+					return e
+				}
+				if e != nil {
+					s.log.Warn("history: a write held through an outage was refused; dropping it", "ops", len(s.held[0].ops), "error", e)
+				}
+				s.release(1, e != nil)
+			}
+			continue
+		}
+		if err != nil {
+			s.noteHealth(err)
+			return err
+		}
+		s.release(n, false)
+	}
+	s.noteHealth(nil)
+	return nil
+}
+
+// release takes the n oldest held requests off the list: written, or
+// dropped when refused.
+func (s *Store) release(n int, refused bool) {
+	ops := 0
+	for i := range n {
+		ops += len(s.held[i].ops)
+		s.heldBytes -= opsBytes(s.held[i].ops)
+		s.held[i] = request{}
+	}
+	s.held = s.held[n:]
+	if len(s.held) == 0 {
+		s.held, s.heldBytes, s.warnedDrop = nil, 0, false
+	}
+	s.stats.held.Add(-int64(ops))
+	if refused {
+		s.stats.dropped.Add(int64(ops))
+	} else {
+		s.stats.recovered.Add(int64(ops))
+	}
+}
+
+// probe checks a database that stopped answering: it writes what is held,
+// or, with nothing held, runs an empty write transaction (on SQLite that
+// takes the write lock, which is what another holder of it denies).
+func (s *Store) probe() {
+	if len(s.held) > 0 {
+		_ = s.drainHeld()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return tx.Exec("SELECT 1").Error })
+	s.noteHealth(fail("history.probe", err))
+}
+
+// closeHeld makes a last attempt, at Close, to write what is held, and says
+// what could not be: the next start marks those commands interrupted.
+func (s *Store) closeHeld() {
+	if len(s.held) == 0 {
+		return
+	}
+	if err := s.drainHeld(); err != nil {
+		ops := s.stats.held.Load()
+		s.stats.dropped.Add(ops)
+		s.stats.held.Add(-ops)
+		s.log.Error("history: writes held through an outage were not written before close", "ops", ops, "error", err)
+		s.held = nil
+	}
+}
+
+// opsBytes estimates the memory the ops hold, for MaxHeldBytes: their
+// variable parts plus a fixed overhead each.
+func opsBytes(ops []Op) int {
+	n := 0
+	for _, op := range ops {
+		n += 256
+		switch o := op.(type) {
+		case InsertCommand:
+			n += len(o.Rec.Params) + len(o.Rec.Target) + len(o.Rec.Options) + len(o.CallbackURL)
+		case SetStatus:
+			if o.Error != nil {
+				n += len(o.Error.Message) + len(o.Error.Data)
+			}
+		case AppendMessage:
+			n += len(o.Msg.Data) + len(o.Msg.Message) + len(o.Bytes)
+		case SetDelivery:
+			n += len(o.LastError)
+		}
+	}
+	return n
 }
 
 // apply runs ops in one transaction and returns the first error, wrapped

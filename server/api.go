@@ -72,13 +72,19 @@ func (s *Server) routes() *gin.Engine {
 	return g
 }
 
-// readyz answers 200 while the store answers and no shutdown has begun.
+// readyz answers 200 while the store answers and no shutdown has begun. The
+// writer's health counts too: on SQLite a query can answer while another
+// process holds the write lock, and the broker cannot record a command.
 func (s *Server) readyz(c *gin.Context) {
 	if s.draining.Load() {
 		s.fail(c, errDraining)
 		return
 	}
-	if err := s.store.Ping(c.Request.Context()); err != nil {
+	err := s.store.Health()
+	if err == nil {
+		err = s.store.Ping(c.Request.Context())
+	}
+	if err != nil {
 		s.fail(c, cheetah.StoreUnavailable("readyz", err))
 		return
 	}

@@ -91,7 +91,7 @@ func (r *Registry) Leases(userID, taskID string) []cheetah.Lease {
 	defer r.mu.Unlock()
 	out := []cheetah.Lease{}
 	for _, l := range r.leases {
-		v := l.view(false)
+		v := l.view("")
 		if (userID == "" || v.UserID == userID) && (taskID == "" || v.TaskID == taskID) {
 			out = append(out, v)
 		}

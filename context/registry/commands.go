@@ -484,7 +484,7 @@ func (r *Registry) unpreserve(c *command, renew bool) {
 	c.preserving = false
 	l := c.lease
 	l.preserve--
-	if r.leases[l.token] != l || l.preserve > 0 {
+	if r.leases[l.key] != l || l.preserve > 0 {
 		return
 	}
 	if renew {

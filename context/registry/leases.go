@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"container/list"
 	"context"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -14,7 +15,7 @@ import (
 
 // lease is one context assigned to one task.
 type lease struct {
-	token      string
+	key        tokenKey // the digest of its token; the token itself is not kept
 	ctx        *wctx
 	taskID     string
 	epoch      int64
@@ -50,21 +51,26 @@ type acquireResult struct {
 	err   error
 }
 
-func (l *lease) view(withToken bool) cheetah.Lease {
+// view describes l. token is the lease's token where the caller holds it
+// (it is not kept), and empty otherwise.
+func (l *lease) view(token string) cheetah.Lease {
 	w := l.ctx
 	v := cheetah.Lease{
 		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
 		ClientType: w.client.typ, TaskID: l.taskID, Epoch: l.epoch,
-		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(),
-	}
-	if withToken {
-		v.LeaseToken = l.token
+		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
 	}
 	return v
 }
 
 // Acquire assigns an idle context to req.TaskID: the one idle the longest
 // among those that match. With req.Wait it waits, first come first served.
+//
+// While the store's database does not answer, Acquire fails closed with
+// store_unavailable, although a lease needs no write (its epoch comes from a
+// block reserved earlier): no send could use the lease meanwhile, and an
+// application is better told at once that the broker cannot work than
+// handed a lease that fails on first use.
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
 	ctx, span := r.tel.tracer.Start(ctx, "cheetah.acquire")
 	l, err := r.acquire(ctx, &req, span.SpanContext())
@@ -75,6 +81,9 @@ func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (che
 func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc trace.SpanContext) (cheetah.Lease, error) {
 	if err := normalizeAcquire(req, r.cfg.DefaultTTL); err != nil {
 		return cheetah.Lease{}, err
+	}
+	if err := r.store.Health(); err != nil {
+		return cheetah.Lease{}, fmt.Errorf("registry: acquire: %w", err)
 	}
 	token := newToken()
 	r.mu.Lock()
@@ -206,16 +215,16 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, no
 		return cheetah.Lease{}, err
 	}
 	l := &lease{
-		token: token, ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
+		key: keyOf(token), ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
 		expiresAt: now.Add(req.TTL), renewOnUse: req.RenewOnUse == nil || *req.RenewOnUse,
 		heapIndex: -1, acquired: sc,
 	}
 	w.lease = l
 	r.refreshIdle(w)
-	r.leases[token] = l
+	r.leases[l.key] = l
 	r.pushDeadline(l)
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
-	return l.view(true), nil
+	return l.view(token), nil
 }
 
 // notify sends a frame about w to its client if it is connected, after
@@ -237,13 +246,13 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	if w.lease != l {
 		return
 	}
-	delete(r.leases, l.token)
+	delete(r.leases, l.key)
 	if l.heapIndex >= 0 {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
 	r.tel.leaseEnded(reason)
-	r.ended.put(l.token, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
+	r.ended.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
@@ -261,9 +270,10 @@ func (r *Registry) check(h cheetah.Lease) (*lease, error) {
 }
 
 func (r *Registry) checkLease(h cheetah.Lease) (*lease, error) {
-	l := r.leases[h.LeaseToken]
+	key := keyOf(h.LeaseToken)
+	l := r.leases[key]
 	if l == nil {
-		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(h.LeaseToken)}
+		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(key)}
 	}
 	if !sameHolder(l, h) {
 		// A token presented with another lease's identity is not this lease.
@@ -291,8 +301,8 @@ func sameHolder(l *lease, h cheetah.Lease) bool {
 
 // lostReason describes, for a token that carries no active lease, its
 // context as it is now: first match wins; r.mu is held.
-func (r *Registry) lostReason(token string) cheetah.LostReason {
-	e, ok := r.ended.get(token)
+func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
+	e, ok := r.ended.get(key)
 	if !ok {
 		return cheetah.LostUnknownLease
 	}
@@ -331,7 +341,7 @@ func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) 
 		l.ttl = ttl
 	}
 	r.extend(l, r.clock.Now())
-	return l.view(true), nil
+	return l.view(h.LeaseToken), nil
 }
 
 // extend moves l's deadline to now + its TTL; r.mu is held.
@@ -353,7 +363,7 @@ func (r *Registry) Release(_ context.Context, h cheetah.Lease) (bool, error) {
 }
 
 func (r *Registry) release(h cheetah.Lease) bool {
-	l := r.leases[h.LeaseToken]
+	l := r.leases[keyOf(h.LeaseToken)]
 	if l == nil || !sameHolder(l, h) {
 		return false
 	}

@@ -12,18 +12,18 @@ import "time"
 // own generation and the whole next one, so at least keep, in at most 2×max
 // entries, without a deletion per put (which the hot acquire/release path
 // would pay for).
-type memo[V any] struct {
+type memo[K comparable, V any] struct {
 	keep      time.Duration
 	max       int
-	cur, prev map[string]V
+	cur, prev map[K]V
 	curStart  time.Time
 }
 
-func newMemo[V any](keep time.Duration, max int) *memo[V] {
-	return &memo[V]{keep: keep, max: max, cur: map[string]V{}, prev: map[string]V{}}
+func newMemo[K comparable, V any](keep time.Duration, max int) *memo[K, V] {
+	return &memo[K, V]{keep: keep, max: max, cur: map[K]V{}, prev: map[K]V{}}
 }
 
-func (m *memo[V]) put(key string, v V, now time.Time) {
+func (m *memo[K, V]) put(key K, v V, now time.Time) {
 	m.prune(now)
 	if len(m.cur) >= m.max {
 		m.rotate(now)
@@ -31,7 +31,7 @@ func (m *memo[V]) put(key string, v V, now time.Time) {
 	m.cur[key] = v
 }
 
-func (m *memo[V]) get(key string) (V, bool) {
+func (m *memo[K, V]) get(key K) (V, bool) {
 	if v, ok := m.cur[key]; ok {
 		return v, true
 	}
@@ -39,19 +39,19 @@ func (m *memo[V]) get(key string) (V, bool) {
 	return v, ok
 }
 
-func (m *memo[V]) len() int { return len(m.cur) + len(m.prev) }
+func (m *memo[K, V]) len() int { return len(m.cur) + len(m.prev) }
 
 // prune retires generations that have outlived keep.
-func (m *memo[V]) prune(now time.Time) {
+func (m *memo[K, V]) prune(now time.Time) {
 	switch age := now.Sub(m.curStart); {
 	case age >= 2*m.keep:
 		// Both generations are older than keep.
-		m.prev, m.cur, m.curStart = map[string]V{}, map[string]V{}, now
+		m.prev, m.cur, m.curStart = map[K]V{}, map[K]V{}, now
 	case age >= m.keep:
 		m.rotate(now)
 	}
 }
 
-func (m *memo[V]) rotate(now time.Time) {
-	m.prev, m.cur, m.curStart = m.cur, map[string]V{}, now
+func (m *memo[K, V]) rotate(now time.Time) {
+	m.prev, m.cur, m.curStart = m.cur, map[K]V{}, now
 }

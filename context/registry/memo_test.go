@@ -11,7 +11,7 @@ import (
 func TestMemoKeepsAtLeastKeep(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	m := newMemo[int](10*time.Minute, 1000)
+	m := newMemo[string, int](10*time.Minute, 1000)
 	for i := range 100 {
 		// One entry every 30 s over 50 minutes.
 		now := start.Add(time.Duration(i) * 30 * time.Second)
@@ -33,7 +33,7 @@ func TestMemoKeepsAtLeastKeep(t *testing.T) {
 func TestMemoBounded(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	m := newMemo[int](time.Hour, 100)
+	m := newMemo[string, int](time.Hour, 100)
 	for i := range 10_000 {
 		m.put(fmt.Sprint(i), i, now)
 		require.LessOrEqual(t, m.len(), 200)

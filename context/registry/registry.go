@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,9 @@ type Store interface {
 	Get(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error)
 	List(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error)
 	ReserveEpochs(ctx context.Context, n int64) (int64, error)
+	// Health is nil while the store's database answers; acquires are
+	// refused while it is not (see Acquire).
+	Health() error
 }
 
 // Conn is a client's connection as the registry sees it. Send must not
@@ -122,11 +126,11 @@ type Registry struct {
 
 	mu       sync.Mutex
 	users    map[string]*pool
-	leases   map[string]*lease // active leases by token
-	heap     leaseHeap         // active leases that may expire, by deadline
-	ended    *memo[endedLease] // how recent leases ended, by token
+	leases   map[tokenKey]*lease         // active leases by token digest
+	heap     leaseHeap                   // active leases that may expire, by deadline
+	ended    *memo[tokenKey, endedLease] // how recent leases ended, by token digest
 	commands map[string]*command
-	finished *memo[finishedCommand] // recently ended commands, for late messages
+	finished *memo[string, finishedCommand] // recently ended commands, for late messages
 	epochs   epochRange
 	closed   bool
 	// draining is set by Drain: no new acquire or send is admitted.
@@ -155,10 +159,10 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		store:    cfg.Store,
 		log:      cfg.Log,
 		users:    map[string]*pool{},
-		leases:   map[string]*lease{},
-		ended:    newMemo[endedLease](cfg.EndedMemory, cfg.EndedMax),
+		leases:   map[tokenKey]*lease{},
+		ended:    newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
 		commands: map[string]*command{},
-		finished: newMemo[finishedCommand](cfg.EndedMemory, cfg.EndedMax),
+		finished: newMemo[string, finishedCommand](cfg.EndedMemory, cfg.EndedMax),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -264,6 +268,17 @@ func (r *Registry) PruneMemory() {
 	r.ended.prune(now)
 	r.finished.prune(now)
 }
+
+// tokenKey is how the registry knows a lease: the SHA-256 of its token. A
+// map lookup compares whole keys, byte by byte, with the entries its hash
+// probes, so keyed by the token itself the time a lookup takes could, in
+// principle, say how much of a guess matches a live token. Keyed by the
+// digest, what is compared is a value the guesser cannot steer: every guess
+// takes the same path (DESIGN §5, tokens compared in constant time), and
+// the registry keeps no token that a memory dump could show.
+type tokenKey [sha256.Size]byte
+
+func keyOf(token string) tokenKey { return sha256.Sum256([]byte(token)) }
 
 // newToken returns 128 random bits, hex encoded.
 func newToken() string {

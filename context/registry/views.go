@@ -54,7 +54,7 @@ func (r *Registry) TaskContexts(_ context.Context, userID, taskID string) ([]che
 		for _, c := range p.clients {
 			for _, w := range c.contexts {
 				if w.lease != nil && w.lease.taskID == taskID {
-					out = append(out, w.lease.view(false))
+					out = append(out, w.lease.view(""))
 				}
 			}
 		}

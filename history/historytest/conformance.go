@@ -24,10 +24,7 @@ import (
 // returns a new, empty, migrated store for one test. The restart tests
 // reopen it with Reopen, so open must use NewSQLite or NewPostgres.
 func Run(t *testing.T, open func(t *testing.T) *history.Store) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, ctx context.Context, s *history.Store)
-	}{
+	tests := []conformanceTest{
 		{"RoundTrip", testRoundTrip},
 		{"StatusForwardOnly", testStatusForwardOnly},
 		{"MessageSeq", testMessageSeq},
@@ -45,6 +42,15 @@ func Run(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"FailingOpIsolated", testFailingOp},
 		{"Closed", testClosed},
 	}
+	run(t, open, tests)
+}
+
+type conformanceTest struct {
+	name string
+	fn   func(t *testing.T, ctx context.Context, s *history.Store)
+}
+
+func run(t *testing.T, open func(t *testing.T) *history.Store, tests []conformanceTest) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

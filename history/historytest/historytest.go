@@ -41,32 +41,143 @@ type target struct {
 	cfg    history.Config
 	driver string // database/sql driver name for DB
 	dsn    string
+	path   string // the SQLite file
+}
+
+// Option adjusts a store NewSQLite or NewPostgres makes.
+type Option func(*target)
+
+// MaxHeldBytes sets the store's bound on what an outage may hold.
+func MaxHeldBytes(n int) Option { return func(t *target) { t.cfg.MaxHeldBytes = n } }
+
+// BusyTimeout makes the store's SQLite connections wait at most d for the
+// write lock (the broker's default is 10 s), so that a test holding the
+// lock with Outage sees writes fail quickly. PostgreSQL ignores it.
+func BusyTimeout(d time.Duration) Option {
+	return func(t *target) {
+		if t.driver == "sqlite" {
+			t.cfg.DatabaseURL += fmt.Sprintf("?_pragma=busy_timeout(%d)", d.Milliseconds())
+		}
+	}
 }
 
 // NewSQLite returns a store on a new SQLite file in tb.TempDir(), closed when
 // the test ends.
-func NewSQLite(tb testing.TB) *history.Store {
+func NewSQLite(tb testing.TB, opts ...Option) *history.Store {
 	tb.Helper()
 	dir := tb.TempDir()
 	path := filepath.Join(dir, "cheetah.db")
-	return open(tb, target{
+	t := target{
 		cfg:    history.Config{DatabaseURL: "sqlite://" + path, DataDir: dir},
 		driver: "sqlite",
 		dsn:    path + "?_pragma=busy_timeout(10000)",
-	})
+		path:   path,
+	}
+	for _, o := range opts {
+		o(&t)
+	}
+	return open(tb, t)
+}
+
+// Outage makes s's database stop answering the store until the returned
+// function is called (or the test ends), without touching the store itself:
+// on PostgreSQL the database stops taking connections and its sessions are
+// ended; on SQLite another connection holds the write lock, so the store's
+// writes fail once their busy timeout passes (see BusyTimeout). Reads keep
+// working on SQLite (WAL), as they would with a second writer.
+func Outage(tb testing.TB, s *history.Store) (restore func()) {
+	tb.Helper()
+	t := lookup(tb, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var once sync.Once
+	var undo func() error
+	if t.driver == "pgx" {
+		u, err := url.Parse(t.dsn)
+		if err != nil {
+			tb.Fatalf("historytest: outage: %v", err)
+		}
+		name := strings.TrimPrefix(u.Path, "/")
+		db := admin(tb)
+		for _, stmt := range []string{
+			"ALTER DATABASE " + name + " ALLOW_CONNECTIONS false",
+			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '" + name + "' AND pid <> pg_backend_pid()",
+		} {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				_ = db.Close()
+				tb.Fatalf("historytest: outage: %s: %v", stmt, err)
+			}
+		}
+		// pg_terminate_backend only signals: wait until the sessions are
+		// gone, so that none of them answers the store after this returns.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var n int
+			err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&n)
+			if err != nil {
+				_ = db.Close()
+				tb.Fatalf("historytest: outage: %v", err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = db.Close()
+				tb.Fatalf("historytest: outage: %d sessions of %s are still there", n, name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		undo = func() error {
+			defer db.Close()
+			_, err := db.Exec("ALTER DATABASE " + name + " ALLOW_CONNECTIONS true")
+			return err
+		}
+	} else {
+		db, err := sql.Open(t.driver, t.path+"?_pragma=busy_timeout(10000)")
+		if err != nil {
+			tb.Fatalf("historytest: outage: %v", err)
+		}
+		conn, err := db.Conn(ctx)
+		if err == nil {
+			_, err = conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		}
+		if err != nil {
+			_ = db.Close()
+			tb.Fatalf("historytest: outage: take the write lock: %v", err)
+		}
+		undo = func() error {
+			_, err := conn.ExecContext(context.Background(), "ROLLBACK")
+			_ = conn.Close()
+			_ = db.Close()
+			return err
+		}
+	}
+	restore = func() {
+		once.Do(func() {
+			if err := undo(); err != nil {
+				tb.Errorf("historytest: end outage: %v", err)
+			}
+		})
+	}
+	tb.Cleanup(restore)
+	return restore
 }
 
 // NewPostgres returns a store on a new PostgreSQL database, cloned from a
 // template that is migrated once, and dropped when the test ends. The test
 // fails, saying how to start one, when the server does not answer.
-func NewPostgres(tb testing.TB) *history.Store {
+func NewPostgres(tb testing.TB, opts ...Option) *history.Store {
 	tb.Helper()
 	u := createDatabase(tb, template(tb))
-	return open(tb, target{
+	t := target{
 		cfg:    history.Config{DatabaseURL: u, DataDir: tb.TempDir()},
 		driver: "pgx",
 		dsn:    u,
-	})
+	}
+	for _, o := range opts {
+		o(&t)
+	}
+	return open(tb, t)
 }
 
 // EmptyPostgres creates an empty PostgreSQL database, dropped when the test

@@ -152,47 +152,87 @@ func TestDroppedContextNoticeOrder(t *testing.T) {
 	}
 }
 
-// TestTerminalWriteFails: the store refuses the write of a command's
-// terminal status (the database went away just then). Invariant 8 says a
-// send_and_wait that returns completed has its terminal message in
-// history already; so either history shows it, or the caller is told the
-// store is unavailable.
+// TestTerminalWriteFails: the database stops answering (another connection
+// holds SQLite's write lock) after a command was dispatched and before its
+// client answers. Invariant 8 says a send_and_wait that returns completed
+// has its terminal message in history already, so the caller must be told
+// store_unavailable instead; acquires are refused while the database is
+// away; and once it answers again, the end that could not be written is
+// written, without a restart: history shows the result.
 func TestTerminalWriteFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &faultyStore{Store: historytest.NewSQLite(t)}
+	store := historytest.NewSQLite(t, historytest.BusyTimeout(200*time.Millisecond))
 	reg, err := registry.New(ctx, registry.Config{Store: store})
 	require.NoError(t, err)
 	defer reg.Close()
-	var att *registry.Attachment
-	ready := make(chan struct{})
-	conn := &answerConn{reg: reg, ready: ready, att: &att}
-	att = reg.Connect(registry.ClientInfo{UserID: "usr_term", ClientID: "c", Type: cheetah.Console}, conn)
-	close(ready)
-	reg.Report(att, []protocol.ContextReport{worker1("tab")})
+	conn := &commandConn{cmds: make(chan *protocol.Command, 4)}
+	att := reg.Connect(registry.ClientInfo{UserID: "usr_term", ClientID: "c", Type: cheetah.Console}, conn)
+	reg.Report(att, []protocol.ContextReport{worker1("tab"), worker1("tab2")})
 	l, err := reg.Acquire(ctx, cheetah.AcquireRequest{UserID: "usr_term", TaskID: "t", ClientType: cheetah.Console})
 	require.NoError(t, err)
-	store.mu.Lock()
-	store.failTerminal = true
-	store.mu.Unlock()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	res, err := reg.SendAndWait(wctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{})
-	require.NoError(t, wctx.Err(), "the waiter hung")
-	if err != nil {
-		require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "the caller is told the truth")
-		return
+
+	type answer struct {
+		res cheetah.Resolution
+		err error
 	}
-	require.NoError(t, store.Store.Write(ctx))
-	rec, rerr := store.Get(ctx, "usr_term", res.CommandID)
-	require.NoError(t, rerr)
-	if rec.Status != res.Status {
-		t.Skipf("known bug: send_and_wait resolved %s while history says %s: context/registry/commands.go end() "+
-			"hands the resolution to the caller even when the write of the terminal status failed; fix: on a failed "+
-			"write, resolve the waiter with store_unavailable (SendAndWait returns cheetah.StoreUnavailable) and keep "+
-			"the terminal ops to write again once the store answers", res.Status, rec.Status)
+	answers := make(chan answer, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		res, err := reg.SendAndWait(wctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{})
+		answers <- answer{res, err}
+	}()
+	cmd := <-conn.cmds
+	restore := historytest.Outage(t, store)
+	reg.ClientMessage(ctx, att, &protocol.Result{CommandID: cmd.CommandID, Data: []byte(`{"echo":1}`)})
+	a := <-answers
+	require.ErrorIs(t, a.err, cheetah.ErrStoreUnavailable, "the caller is told the truth, not %+v", a.res)
+	require.NotErrorIs(t, a.err, context.DeadlineExceeded, "the waiter hung")
+
+	_, err = reg.Acquire(ctx, cheetah.AcquireRequest{UserID: "usr_term", TaskID: "t2", ClientType: cheetah.Console})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "an acquire while the database is away")
+
+	restore()
+	require.Eventually(t, func() bool { return store.Health() == nil }, 30*time.Second, 10*time.Millisecond)
+	rec, err := store.Get(ctx, "usr_term", cmd.CommandID)
+	require.NoError(t, err)
+	require.Equal(t, cheetah.StatusCompleted, rec.Status, "the end held through the outage was written")
+	require.NotEmpty(t, rec.Messages)
+	last := rec.Messages[len(rec.Messages)-1]
+	require.Equal(t, cheetah.KindResult, last.Kind)
+	require.JSONEq(t, `{"echo":1}`, string(last.Data))
+
+	// The broker serves again: a second acquire, and a send on the first
+	// lease, which survived.
+	l2, err := reg.Acquire(ctx, cheetah.AcquireRequest{UserID: "usr_term", TaskID: "t2", ClientType: cheetah.Console})
+	require.NoError(t, err)
+	go func() {
+		res, err := reg.SendAndWait(ctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{})
+		answers <- answer{res, err}
+	}()
+	cmd = <-conn.cmds
+	reg.ClientMessage(ctx, att, &protocol.Result{CommandID: cmd.CommandID, Data: []byte(`{}`)})
+	a = <-answers
+	require.NoError(t, a.err)
+	require.Equal(t, cheetah.StatusCompleted, a.res.Status)
+	for _, h := range []cheetah.Lease{l, l2} {
+		ok, err := reg.Release(ctx, h)
+		require.NoError(t, err)
+		require.True(t, ok)
 	}
 }
+
+// commandConn hands each command frame it is sent to the test.
+type commandConn struct{ cmds chan *protocol.Command }
+
+func (c *commandConn) Send(f protocol.Frame) bool {
+	if cmd, ok := f.(*protocol.Command); ok {
+		c.cmds <- cmd
+	}
+	return true
+}
+func (c *commandConn) Close(protocol.CloseCode, string) {}
 
 // answerConn answers each command with a result, from another goroutine
 // (Send runs under the registry's lock).
@@ -273,14 +313,11 @@ func TestTerminalWriteFailsOverHTTP(t *testing.T) {
 	require.NoError(t, err)
 	res, sdkErr := h.SendAndWait(ctx, cheetah.Command{Name: "echo"})
 	t.Logf("raw HTTP: %s; remote SDK: %+v, %v", raw, res, sdkErr)
-	if raw.Status == 200 && raw.Code() != "" || sdkErr == nil && res.Status == "" {
-		t.Skipf("known bug: the broker answered %d with %s (server/api.go sendAndWait flushed 200 and X-Command-Id at "+
-			"admission, so the later error can only go in the body), and the remote SDK returned %+v with error %v "+
-			"(remote/backend.go SendAndWait decodes the envelope as a zero resolution). Fix: the remote SDK decodes an "+
-			"error envelope in a 200 body into its typed error, and DESIGN/behaviour.md say that a wait may end so", raw.Status, raw.Body, res, sdkErr)
-	}
-	if raw.Status != 200 {
-		require.Equal(t, cheetah.CodeStoreUnavailable, raw.Code())
-	}
+	// 200 and X-Command-Id went out at admission, so the later error is the
+	// body (behaviour.md, "A wait's late error").
+	require.Equal(t, 200, raw.Status)
+	require.Equal(t, cheetah.CodeStoreUnavailable, raw.Code())
+	require.NotEmpty(t, raw.Header.Get("X-Command-Id"))
 	require.ErrorIs(t, sdkErr, cheetah.ErrStoreUnavailable)
+	require.Empty(t, res.Status, "no resolution beside the error")
 }

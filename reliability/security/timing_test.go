@@ -23,12 +23,12 @@ func (quietConn) Close(protocol.CloseCode, string) {}
 // TestLeaseTokenTiming times renewals with guessed tokens: random ones,
 // ones that share a 16-digit prefix with a live token, and ones that
 // differ from a live token only in the last digit. The registry finds a
-// lease by a map lookup on the token, which hashes it with a per-process
-// random seed and compares whole keys only on a hash match, so a guess
-// closer to a real token should not answer measurably differently. It
-// prints its figures and asserts nothing about them (timing on a shared
-// machine is noise); run it with -security.timing=N (make chaos does).
-// docs/reliability.md has the analysis.
+// lease by the SHA-256 of its token (context/registry tokenKey), so what a
+// lookup compares is a digest the guesser cannot steer, and a guess closer
+// to a real token cannot take a different path. It prints its figures and
+// asserts nothing about them (timing on a shared machine is noise); run it
+// with -security.timing=N (make chaos does). docs/reliability.md has the
+// figures.
 func TestLeaseTokenTiming(t *testing.T) {
 	if *timing <= 0 {
 		t.Skip("timing test: run with -security.timing=N")

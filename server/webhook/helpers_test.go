@@ -211,7 +211,7 @@ func verify(secret string, h http.Header, body []byte, now time.Time) bool {
 
 // stores runs fn on a fresh store of each dialect.
 func stores(t *testing.T, fn func(t *testing.T, s *history.Store)) {
-	for name, open := range map[string]func(testing.TB) *history.Store{
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
 		"sqlite":   historytest.NewSQLite,
 		"postgres": historytest.NewPostgres,
 	} {
