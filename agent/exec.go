@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -133,6 +134,11 @@ func runProgram(ctx context.Context, path string, p ExecParams, out Output) (any
 	c.WaitDelay = waitDelay
 	killProcessGroup(c)
 
+	// The parent-death signal (Linux) follows the thread that forked, not
+	// the process: this goroutine keeps that thread until the program has
+	// been waited for, so that no other goroutine can end it meanwhile.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := c.Start(); err != nil {
 		return nil, &CommandError{Code: CodeExecFailed, Message: fmt.Sprintf("start %s: %v", p.Argv[0], err)}
 	}

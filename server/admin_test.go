@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -197,4 +199,71 @@ func TestOriginAndHost(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, status("chrome-extension://abcdef", "evil.example:8420"), "DNS rebinding")
 	require.Equal(t, http.StatusSwitchingProtocols, status("chrome-extension://abcdef", "localhost:8420"))
 	require.Equal(t, http.StatusForbidden, b.do("GET", "/healthz", "", nil, nil, "Host", "rebind.example").StatusCode)
+}
+
+// TestAdminCutDetachesAtOnce: a client an admin disconnects, or whose key is
+// revoked, stops being live when the answer comes back, not when its close
+// handshake ends: these clients read only when the test says, so the
+// broker's close handshake is still waiting for them when the test looks.
+func TestAdminCutDetachesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var key struct {
+		ID  string `json:"id"`
+		Key string `json:"key"`
+	}
+	require.Equal(t, 201, b.do("POST", "/api/v1/admin/keys", b.adminKey, map[string]any{"kind": "client", "user_id": user, "name": "k"}, &key).StatusCode)
+	acquire := map[string]any{"user_id": user, "task_id": "job", "client_type": "console"}
+	for _, cut := range []struct {
+		name, method, path string
+	}{
+		{"admin disconnect", "DELETE", "/api/v1/admin/users/" + user + "/clients/agent-1"},
+		{"key revoked", "DELETE", "/api/v1/admin/keys/" + key.ID},
+	} {
+		c := b.dial()
+		readOne := func() (protocol.Frame, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, raw, err := c.conn.Read(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return protocol.Decode(raw)
+		}
+		c.send(&protocol.Hello{Protocol: 1, Token: key.Key, ClientID: "agent-1", ClientType: protocol.ClientConsole, Name: "test"})
+		f, err := readOne()
+		require.NoError(t, err)
+		require.IsType(t, &protocol.Welcome{}, f)
+		c.send(&protocol.State{Contexts: []protocol.ContextReport{{ContextID: "flow-1", Owner: protocol.OwnerWorker}}})
+		c.send(&protocol.Ping{})
+		f, err = readOne()
+		require.NoError(t, err)
+		require.IsType(t, &protocol.Pong{}, f, "the report is applied")
+
+		var lease struct{ Lease cheetah.Lease }
+		require.Equal(t, 201, b.do("POST", "/api/v1/acquire", b.appKey, acquire, &lease).StatusCode, cut.name)
+		require.Equal(t, 200, b.do(cut.method, cut.path, b.adminKey, nil, nil).StatusCode, cut.name)
+		var clients struct{ Clients []registry.ClientView }
+		b.do("GET", "/api/v1/admin/clients?user_id="+user, b.adminKey, nil, &clients)
+		require.Len(t, clients.Clients, 1)
+		require.False(t, clients.Clients[0].Connected, "%s: still attached", cut.name)
+		b.expectError(423, "lease_lost", "not_live", "POST", "/api/v1/commands", b.appKey, map[string]any{"name": "x"},
+			"X-Lease", lease.Lease.LeaseToken)
+
+		for { // the lease's assignment, then the error frame of the close
+			f, err = readOne()
+			require.NoError(t, err)
+			if e, ok := f.(*protocol.Error); ok {
+				require.Equal(t, protocol.CloseForbidden.ErrorCode(), e.Code, cut.name)
+				break
+			}
+		}
+		_, err = readOne()
+		var ce websocket.CloseError
+		require.ErrorAs(t, err, &ce, cut.name)
+		require.Equal(t, websocket.StatusCode(protocol.CloseForbidden), ce.Code, cut.name)
+		ok, err := b.reg.Release(context.Background(), lease.Lease)
+		require.NoError(t, err)
+		require.True(t, ok, "released during the grace")
+	}
 }

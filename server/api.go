@@ -26,6 +26,9 @@ func (s *Server) routes() *gin.Engine {
 	// Route on the raw path so an escaped "/" inside an id (a task id such as
 	// "catalog/42") stays inside its segment.
 	g.UseRawPath = true
+	// A path with a trailing slash is an unknown path: gin would answer it
+	// with a redirect and an HTML body, outside the one error envelope.
+	g.RedirectTrailingSlash = false
 	g.Use(s.observe, s.recoverPanic, s.checkHost)
 	g.GET("/ws/v1/client", func(c *gin.Context) {
 		if !s.originAllowed(c.GetHeader("Origin")) {

@@ -184,6 +184,10 @@ func TestAPIErrors(t *testing.T) {
 	b.expectError(423, "lease_lost", "unknown_lease", "POST", "/api/v1/commands", b.appKey, map[string]any{"name": "x"}, "X-Lease", "0123")
 	b.expectError(404, "not_found", "", "GET", "/api/v1/users/"+user+"/commands/0193aaaa-0000-7000-8000-000000000000", b.appKey, nil)
 	b.expectError(404, "not_found", "", "GET", "/api/v1/nowhere", b.appKey, nil)
+	// A trailing slash is an unknown path too, answered with the envelope,
+	// never a redirect.
+	b.expectError(404, "not_found", "", "GET", "/api/v1/users/"+user+"/commands/", b.appKey, nil)
+	b.expectError(404, "not_found", "", "POST", "/api/v1/acquire/", b.appKey, map[string]any{})
 	b.expectError(400, "invalid_request", "", "GET", "/api/v1/users/"+user+"/commands?limit=0", b.appKey, nil)
 	b.expectError(400, "invalid_request", "", "GET", "/api/v1/users/"+user+"/commands?cursor=@@@", b.appKey, nil)
 

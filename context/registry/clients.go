@@ -112,7 +112,12 @@ func (r *Registry) Disconnect(a *Attachment) {
 	if !a.current() {
 		return
 	}
-	c := a.c
+	r.disconnect(a.c)
+}
+
+// disconnect detaches c's connection and starts its reconnect grace, or
+// forgets c when it has no contexts; r.mu is held.
+func (r *Registry) disconnect(c *client) {
 	r.detach(c)
 	if len(c.contexts) == 0 {
 		r.forgetClient(c)
@@ -210,16 +215,18 @@ func (r *Registry) forgetClient(c *client) {
 func (r *Registry) DisconnectKey(keyID string, code protocol.CloseCode, reason string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
+	var gone []*client
 	for _, p := range r.users {
 		for _, c := range p.clients {
 			if c.conn != nil && c.keyID == keyID {
-				c.conn.Close(code, reason)
-				n++
+				gone = append(gone, c)
 			}
 		}
 	}
-	return n
+	for _, c := range gone {
+		r.cut(c, code, reason)
+	}
+	return len(gone)
 }
 
 // DisconnectClient closes a client's connection with code and reports
@@ -231,6 +238,16 @@ func (r *Registry) DisconnectClient(userID, clientID string, code protocol.Close
 	if p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
 		return false
 	}
-	p.clients[clientID].conn.Close(code, reason)
+	r.cut(p.clients[clientID], code, reason)
 	return true
+}
+
+// cut closes c's connection with code and detaches it at once; r.mu is
+// held. The close handshake may take seconds (a peer that does not answer
+// it takes the library's whole timeout), and a client an admin cut off, or
+// whose key was revoked, must not be handed a command meanwhile: its
+// contexts stop being live now, as when its connection drops.
+func (r *Registry) cut(c *client, code protocol.CloseCode, reason string) {
+	c.conn.Close(code, reason)
+	r.disconnect(c)
 }

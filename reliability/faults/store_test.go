@@ -144,12 +144,8 @@ func TestDroppedContextNoticeOrder(t *testing.T) {
 	}
 	require.NotNil(t, last)
 	t.Logf("assignment frames about the context: %v", seq)
-	if last.Epoch != cur.Epoch || last.State != protocol.AssignmentAssigned {
-		t.Skipf("known bug: the client heard %v: the old lease's context_gone came after the new lease's assigned. "+
-			"context/registry/clients.go dropContext leaves the notice queued behind a command that is not durable yet, "+
-			"and the context reported again is a new object with its own queue; fix: in dropContext, once the context is "+
-			"out of client.contexts, send the notices still in w.queue at once (no command of w can be dispatched any more)", seq)
-	}
+	require.Equal(t, cur.Epoch, last.Epoch, "the client heard %v: the old lease's end after the new lease's assignment", seq)
+	require.Equal(t, protocol.AssignmentAssigned, last.State, "the client heard %v", seq)
 }
 
 // TestTerminalWriteFails: the database stops answering (another connection

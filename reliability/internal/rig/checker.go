@@ -26,14 +26,7 @@ type Checker struct {
 	contexts map[string]*ctxView
 	cmds     map[string]Received // every command frame received, by id
 	errs     []string
-	// superseded records, per context, an epoch that still held the context
-	// when a newer one was assigned, and that newer one. Each is a
-	// violation, unless the older epoch's context_gone arrives later: that
-	// is the known late-notice bug (see Known), reported apart so that it
-	// cannot hide anything else.
-	superseded map[string]map[int64]int64
-	known      []string
-	Frames     int64
+	Frames   int64
 }
 
 type ctxView struct {
@@ -52,7 +45,7 @@ type Received struct {
 
 // NewChecker returns an empty checker.
 func NewChecker() *Checker {
-	return &Checker{contexts: map[string]*ctxView{}, cmds: map[string]Received{}, superseded: map[string]map[int64]int64{}}
+	return &Checker{contexts: map[string]*ctxView{}, cmds: map[string]Received{}}
 }
 
 func (k *Checker) failf(format string, args ...any) {
@@ -98,12 +91,10 @@ func (k *Checker) See(prefix string, f protocol.Frame) {
 			case v.holder == f.Epoch:
 			case v.holder == -1 && f.Epoch <= v.max:
 				// Sent again after a reconnect.
-			case v.holder > 0 && f.Epoch > v.max:
-				if k.superseded[key] == nil {
-					k.superseded[key] = map[int64]int64{}
-				}
-				k.superseded[key][v.holder] = f.Epoch
 			case v.holder > 0:
+				// Two leases interleaved, or the end of the older one
+				// reaching the client after the newer one's assignment:
+				// either way the client cannot tell who holds the context.
 				k.failf("%s: assigned epoch %d while epoch %d holds it", key, f.Epoch, v.holder)
 			case f.Epoch <= v.max:
 				k.failf("%s: assigned epoch %d after epoch %d was seen", key, f.Epoch, v.max)
@@ -119,11 +110,6 @@ func (k *Checker) See(prefix string, f protocol.Frame) {
 			// report that would have sent it again. Any end is plausible.
 			v.max = max(v.max, f.Epoch)
 		case v.holder != f.Epoch:
-			if newer, ok := k.superseded[key][f.Epoch]; ok && f.State == protocol.AssignmentContextGone {
-				delete(k.superseded[key], f.Epoch)
-				k.known = append(k.known, fmt.Sprintf("%s: context_gone for epoch %d after epoch %d was assigned", key, f.Epoch, newer))
-				return // whatever holds it now still does
-			}
 			k.failf("%s: %s for epoch %d while epoch %d holds it", key, f.State, f.Epoch, v.holder)
 		}
 		v.holder = 0
@@ -181,24 +167,7 @@ func (k *Checker) SeeCommand(prefix string, f *protocol.Command) {
 func (k *Checker) Errors() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	out := append([]string(nil), k.errs...)
-	for key, m := range k.superseded {
-		for older, newer := range m {
-			out = append(out, fmt.Sprintf("%s: assigned epoch %d while epoch %d holds it", key, newer, older))
-		}
-	}
-	return out
-}
-
-// Known returns the occurrences of a known bug: a context_gone frame of an
-// older lease that reached the client after the assignment of a newer one
-// on a context of the same id (context/registry/clients.go dropContext
-// leaves the notice queued behind a command that is not yet durable, while
-// the context reported again is a new object with a queue of its own).
-func (k *Checker) Known() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return append([]string(nil), k.known...)
+	return append([]string(nil), k.errs...)
 }
 
 // Commands returns every command frame received.

@@ -57,16 +57,11 @@ func TestChecker(t *testing.T) {
 		require.NotEmpty(t, k.Errors(), name)
 	}
 
-	// The known late-notice bug is reported apart, and only in its shape.
+	// The end of an older lease after the assignment of a newer one (an old
+	// bug of the broker's, fixed) is a violation like any other.
 	k := NewChecker()
 	for _, f := range []protocol.Frame{assigned("x", 1), assigned("x", 2), ended("x", 2, protocol.AssignmentReleased), ended("x", 1, protocol.AssignmentContextGone)} {
 		k.See(p, f)
 	}
-	require.Empty(t, k.Errors())
-	require.Len(t, k.Known(), 1)
-	k = NewChecker()
-	for _, f := range []protocol.Frame{assigned("x", 1), assigned("x", 2), ended("x", 1, protocol.AssignmentReleased)} {
-		k.See(p, f)
-	}
-	require.NotEmpty(t, k.Errors(), "only a late context_gone is the known bug")
+	require.NotEmpty(t, k.Errors())
 }

@@ -114,6 +114,21 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// Descendants lists the processes below p that are running now.
+func (p *Proc) Descendants() []int { return descendants(p.Cmd.Process.Pid) }
+
+// Running reports whether process pid exists and has not exited (a zombie
+// waiting for its parent has).
+func Running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	return i >= 0 && len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
 // descendants lists the processes below pid, from /proc.
 func descendants(pid int) []int {
 	entries, err := os.ReadDir("/proc")
