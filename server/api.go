@@ -39,6 +39,12 @@ func (s *Server) routes() *gin.Engine {
 			s.fail(c, errDraining)
 			return
 		}
+		if !s.admitHello() {
+			c.Header("Retry-After", "1")
+			s.fail(c, &cheetah.Error{Code: cheetah.CodeOverloaded,
+				Message: fmt.Sprintf("%d connections are waiting to say hello; try again shortly", s.cfg.MaxPendingHellos)})
+			return
+		}
 		s.handleClient(c.Writer, c.Request)
 	})
 	g.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })

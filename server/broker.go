@@ -36,10 +36,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxInFlightPerContext bounds each context's unfinished commands.
 	MaxInFlightPerContext int
-	AllowedOrigins        []string
-	LoopbackOnly          bool
-	Log                   *slog.Logger
-	Clock                 clockwork.Clock
+	// MaxPendingHellos bounds the connections not yet past hello (1,024).
+	MaxPendingHellos int
+	AllowedOrigins   []string
+	LoopbackOnly     bool
+	Log              *slog.Logger
+	Clock            clockwork.Clock
 	// WebhookSecret (whsec_…) signs the webhook deliveries of in-process
 	// sends (cheetah.WithCallback), which carry no API key. Without it, an
 	// in-process send with a callback is refused with invalid_request.
@@ -143,7 +145,8 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,
-		AllowedOrigins: o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly, Webhooks: hooks,
+		MaxPendingHellos: o.MaxPendingHellos,
+		AllowedOrigins:   o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly, Webhooks: hooks,
 		TracerProvider: tp, MeterProvider: mp, Metrics: tel.MetricsHandler(),
 	})
 	if err != nil {

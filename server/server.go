@@ -40,6 +40,11 @@ type Config struct {
 	Heartbeat time.Duration
 	// HelloTimeout is how long a new connection has to say hello (10 s).
 	HelloTimeout time.Duration
+	// MaxPendingHellos bounds the connections that have not said hello yet
+	// (1,024). Beyond it an upgrade is refused with 503 overloaded and
+	// Retry-After, so a flood of silent connections costs bounded memory,
+	// not only bounded time. Negative is unbounded.
+	MaxPendingHellos int
 	// MaxMessageBytes bounds one frame in either direction (4 MiB).
 	MaxMessageBytes int
 	// OutboundQueue bounds the frames waiting to be written to one client
@@ -92,6 +97,9 @@ func (c *Config) fill() {
 	if c.HelloTimeout == 0 {
 		c.HelloTimeout = 10 * time.Second
 	}
+	if c.MaxPendingHellos == 0 {
+		c.MaxPendingHellos = 1024
+	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 4 << 20
 	}
@@ -122,6 +130,8 @@ type Server struct {
 	keyLimits *keyLimits // nil when unlimited
 	tel       *instruments
 	draining  atomic.Bool
+	// pendingHellos counts connections accepted and not yet past hello.
+	pendingHellos atomic.Int64
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -153,6 +163,20 @@ func New(cfg Config) (*Server, error) {
 
 // Handler returns the HTTP handler of every endpoint.
 func (s *Server) Handler() http.Handler { return s.gin }
+
+// admitHello takes a place among the connections waiting to say hello, or
+// reports that there is none.
+func (s *Server) admitHello() bool {
+	if s.cfg.MaxPendingHellos < 0 {
+		s.pendingHellos.Add(1)
+		return true
+	}
+	if s.pendingHellos.Add(1) > int64(s.cfg.MaxPendingHellos) {
+		s.pendingHellos.Add(-1)
+		return false
+	}
+	return true
+}
 
 // track registers a live session; it fails once shutdown began.
 func (s *Server) track(sess *session) bool {

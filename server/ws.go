@@ -39,6 +39,18 @@ type session struct {
 	closing   chan struct{} // closed once a close is queued for the writer
 	lastSeen  atomic.Int64  // unix nanoseconds of the last frame or pong
 	att       *registry.Attachment
+	// helloed is set once the session no longer counts among the
+	// connections waiting to say hello (Server.pendingHellos).
+	helloed atomic.Bool
+}
+
+// leavePending gives back the session's place among the connections
+// waiting to say hello, once: when its hello arrives, when the broker closes
+// it, or when it ends without either.
+func (s *session) leavePending() {
+	if s.helloed.CompareAndSwap(false, true) {
+		s.srv.pendingHellos.Add(-1)
+	}
 }
 
 // outItem is a frame to write, or, with close set, the close to perform
@@ -77,6 +89,9 @@ func (s *session) Send(f protocol.Frame) bool {
 // Close sends an error frame saying why, then closes with code. It does not
 // block.
 func (s *session) Close(code protocol.CloseCode, reason string) {
+	// Before the error frame is queued: a client that reads it finds the
+	// place it held among those waiting to say hello given back.
+	s.leavePending()
 	s.closeOnce.Do(func() {
 		item := outItem{
 			frame: &protocol.Error{Code: code.ErrorCode(), Message: reason},
@@ -92,8 +107,12 @@ func (s *session) Close(code protocol.CloseCode, reason string) {
 	})
 }
 
-// handleClient serves GET /ws/v1/client.
+// handleClient serves GET /ws/v1/client. The caller has taken the
+// connection's place among those waiting to say hello (admitHello); the
+// session gives it back.
 func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
+	sess := &session{srv: s}
+	defer sess.leavePending()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		// The token travels in hello, never in a cookie, so a foreign origin
 		// gains nothing from opening a socket; extensions connect from
@@ -108,10 +127,8 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	// frame is answered with 4413 and an error frame rather than the
 	// library's own 1009.
 	ws.SetReadLimit(-1)
-	sess := &session{
-		srv: s, ws: ws, id: newID(), out: make(chan outItem, s.cfg.OutboundQueue),
-		done: make(chan struct{}), closing: make(chan struct{}),
-	}
+	sess.ws, sess.id, sess.out = ws, newID(), make(chan outItem, s.cfg.OutboundQueue)
+	sess.done, sess.closing = make(chan struct{}), make(chan struct{})
 	sess.log = s.log.With("session_id", sess.id)
 	sess.lastSeen.Store(s.clock.Now().UnixNano())
 	if !s.track(sess) {
@@ -250,6 +267,9 @@ func (s *session) readLoop(ctx context.Context) {
 			if !hello.Stop() {
 				return // the hello timeout already fired and is closing
 			}
+			// Before the welcome goes out: a client that has it finds its
+			// place given back.
+			s.leavePending()
 			if !s.hello(ctx, h) {
 				return
 			}

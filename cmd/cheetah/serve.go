@@ -33,6 +33,7 @@ type serveCmd struct {
 	FrameRateLimit   float64       `name:"frame-rate-limit" default:"0" help:"Frames per second per client; 0 is unlimited (over it: close 4429)."`
 	MaxBodyBytes     int64         `name:"max-body-bytes" default:"1048576" help:"Largest HTTP request body, in bytes."`
 	MaxInFlight      int           `name:"max-in-flight-per-context" default:"1024" help:"Commands admitted and not yet ended per context; a send past it is overloaded (503)."`
+	MaxPendingHellos int           `name:"max-pending-hellos" default:"1024" help:"Client connections that have not said hello yet; past it an upgrade is refused (503 overloaded)."`
 	AllowedOrigins   []string      `name:"allowed-origins" help:"Origins (chrome-extension://<id>) that may open the client WebSocket; empty allows any."`
 	WebhookPrivate   bool          `name:"webhook-allow-private" help:"Let webhook callbacks reach private and loopback addresses, and allow http:// callbacks."`
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
@@ -103,7 +104,7 @@ func (c *serveCmd) Run() error {
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
-		MaxInFlightPerContext: c.MaxInFlight, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
+		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
 	})
 	if err != nil {

@@ -3,7 +3,9 @@ package security
 import (
 	"context"
 	"errors"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -137,7 +140,10 @@ func TestHelloFlood(t *testing.T) {
 	require.NoError(t, err)
 	keys := auth.New(store, "", time.Now)
 	const helloTimeout = 750 * time.Millisecond
-	srv, err := server.New(server.Config{Registry: reg, Store: store, Keys: keys, HelloTimeout: helloTimeout})
+	n := *flood
+	// Room for the flood and the real client: TestPendingHelloCap shows
+	// what happens past the cap.
+	srv, err := server.New(server.Config{Registry: reg, Store: store, Keys: keys, HelloTimeout: helloTimeout, MaxPendingHellos: n + 1})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer func() {
@@ -154,7 +160,6 @@ func TestHelloFlood(t *testing.T) {
 	baseline := goleak.IgnoreCurrent()
 	baseHeap := heapAlloc()
 	wsURL := "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws/v1/client"
-	n := *flood
 	type result struct {
 		code  websocket.StatusCode
 		errs  []*protocol.Error
@@ -243,4 +248,96 @@ func heapAlloc() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// TestPendingHelloCap: connections that have not said hello are bounded in
+// number as well as in time. Past the cap an upgrade is refused with 503
+// overloaded and Retry-After (nothing is upgraded, so nothing is held); a
+// place comes back when a waiting connection says hello, when the broker
+// closes one (its hello timeout), and when one goes away by itself.
+func TestPendingHelloCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := historytest.NewSQLite(t)
+	reg, err := registry.New(ctx, registry.Config{Store: store})
+	require.NoError(t, err)
+	keys := auth.New(store, "", time.Now)
+	clock := clockwork.NewFakeClock()
+	const cap = 4
+	srv, err := server.New(server.Config{Registry: reg, Store: store, Keys: keys, Clock: clock, MaxPendingHellos: cap})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	var conns []*websocket.Conn
+	defer func() {
+		// Nobody reads these: closed now, the broker's shutdown does not
+		// wait out their close handshakes.
+		for _, c := range conns {
+			c.CloseNow()
+		}
+		hs.Close()
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		reg.Close()
+	}()
+	ck, err := keys.Create(ctx, auth.Client, userA, "real")
+	require.NoError(t, err)
+	wsURL := "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws/v1/client"
+	dial := func() (*websocket.Conn, *http.Response, error) {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		conn, resp, err := websocket.Dial(dctx, wsURL, nil)
+		if conn != nil {
+			conns = append(conns, conn)
+		}
+		return conn, resp, err
+	}
+	refused := func(why string) {
+		t.Helper()
+		_, resp, err := dial()
+		require.Error(t, err, why)
+		require.NotNil(t, resp, why)
+		require.Equal(t, 503, resp.StatusCode, why)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"))
+		var env struct{ Error struct{ Code string } }
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&env))
+		require.Equal(t, cheetah.CodeOverloaded, env.Error.Code)
+	}
+
+	silent := make([]*websocket.Conn, cap)
+	for i := range silent {
+		conn, _, err := dial()
+		require.NoError(t, err)
+		silent[i] = conn
+	}
+	refused("past the cap")
+
+	// One says hello: its place is free once the welcome arrives.
+	hello, _ := protocol.Encode(&protocol.Hello{Protocol: 1, Token: ck.Secret, ClientID: "real", ClientType: protocol.ClientConsole})
+	require.NoError(t, silent[0].Write(ctx, websocket.MessageText, hello))
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, b, err := silent[0].Read(rctx)
+	require.NoError(t, err)
+	f, err := protocol.Decode(b)
+	require.NoError(t, err)
+	require.IsType(t, &protocol.Welcome{}, f)
+	conn, _, err := dial()
+	require.NoError(t, err, "a place came back with the hello")
+	silent[0] = conn
+	refused("full again")
+
+	// The hello timeout closes them all: their places come back as the
+	// error frame goes out, before the close.
+	clock.Advance(11 * time.Second)
+	for _, c := range silent {
+		errs, code := expectClose(t, c, 10*time.Second)
+		require.Equal(t, websocket.StatusCode(protocol.CloseTimeout), code)
+		require.NotEmpty(t, errs)
+	}
+	for range cap {
+		_, _, err := dial()
+		require.NoError(t, err, "the places came back with the timeouts")
+	}
+	refused("full once more")
 }

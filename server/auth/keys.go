@@ -76,11 +76,22 @@ type Keys struct {
 
 	mu    sync.Mutex
 	cache map[string]history.Key
+	// misses remembers, for missTTL, key ids the store does not know: a
+	// flood of made-up keys is refused before any per-key rate limit can
+	// apply, and without it each one would cost a database query.
+	misses map[string]time.Time
 }
+
+// missTTL is how long an unknown key id is refused without asking the
+// store; maxMisses bounds that memory (when it is full it starts over).
+const (
+	missTTL   = 10 * time.Second
+	maxMisses = 10_000
+)
 
 // New returns Keys over store. adminKey, when not empty, is an admin key.
 func New(store Store, adminKey string, now func() time.Time) *Keys {
-	k := &Keys{store: store, now: now, cache: map[string]history.Key{}}
+	k := &Keys{store: store, now: now, cache: map[string]history.Key{}, misses: map[string]time.Time{}}
 	if adminKey != "" {
 		h := sha256.Sum256([]byte(adminKey))
 		k.bootstrap = h[:]
@@ -119,6 +130,9 @@ func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Crea
 	if err := k.store.CreateKey(ctx, rec); err != nil {
 		return Created{}, fmt.Errorf("auth: create key: %w", err)
 	}
+	k.mu.Lock()
+	delete(k.misses, id) // someone may have guessed it before it existed
+	k.mu.Unlock()
 	return Created{Key: toKey(rec), Secret: prefix + id + "_" + secret, WebhookSecret: rec.WebhookSecret}, nil
 }
 
@@ -147,15 +161,26 @@ func (k *Keys) Verify(ctx context.Context, token string) (Key, error) {
 }
 
 func (k *Keys) get(ctx context.Context, id string) (history.Key, error) {
+	now := k.now()
 	k.mu.Lock()
 	rec, ok := k.cache[id]
+	until, missed := k.misses[id]
 	k.mu.Unlock()
 	if ok {
 		return rec, nil
 	}
+	if missed && now.Before(until) {
+		return history.Key{}, cheetah.ErrUnauthorized
+	}
 	rec, err := k.store.GetKey(ctx, id)
 	switch {
 	case errors.Is(err, cheetah.ErrNotFound):
+		k.mu.Lock()
+		if len(k.misses) >= maxMisses {
+			clear(k.misses)
+		}
+		k.misses[id] = now.Add(missTTL)
+		k.mu.Unlock()
 		return history.Key{}, cheetah.ErrUnauthorized
 	case err != nil:
 		return history.Key{}, err

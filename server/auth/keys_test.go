@@ -3,6 +3,8 @@ package auth_test
 import (
 	"context"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -98,4 +101,62 @@ func TestBootstrapAndEnsureAdmin(t *testing.T) {
 	again, err := k2.EnsureAdmin(ctx)
 	require.NoError(t, err)
 	require.Empty(t, again, "made once, never again")
+}
+
+// countingStore is a real store that counts the key lookups that reach it.
+type countingStore struct {
+	*history.Store
+	gets atomic.Int64
+}
+
+func (s *countingStore) GetKey(ctx context.Context, id string) (history.Key, error) {
+	s.gets.Add(1)
+	return s.Store.GetKey(ctx, id)
+}
+
+// TestUnknownKeyIDsSpareTheStore: a key id the store does not know is
+// remembered for a while, so a flood of made-up keys costs one lookup per
+// id, not one per request; after the while it is asked again.
+func TestUnknownKeyIDsSpareTheStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := &countingStore{Store: historytest.NewSQLite(t)}
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	k := auth.New(store, "", clock)
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				_, err := k.Verify(ctx, "chk_0123456789ab_secret")
+				require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+			}
+		})
+	}
+	wg.Wait()
+	// Concurrent first requests may each look before one remembers.
+	require.LessOrEqual(t, store.gets.Load(), int64(8))
+	first := store.gets.Load()
+	_, err := k.Verify(ctx, "chk_0123456789ab_secret")
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+	require.Equal(t, first, store.gets.Load(), "remembered")
+	_, err = k.Verify(ctx, "chk_ba9876543210_secret")
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+	require.Equal(t, first+1, store.gets.Load(), "another id is looked up")
+
+	mu.Lock()
+	now = now.Add(11 * time.Second)
+	mu.Unlock()
+	_, err = k.Verify(ctx, "chk_0123456789ab_secret")
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+	require.Equal(t, first+2, store.gets.Load(), "forgotten after a while")
+
+	// A real key is unaffected, and so is one made after its id was tried.
+	c, err := k.Create(ctx, auth.App, "", "backend")
+	require.NoError(t, err)
+	got, err := k.Verify(ctx, c.Secret)
+	require.NoError(t, err)
+	require.Equal(t, c.ID, got.ID)
 }
