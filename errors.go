@@ -150,6 +150,30 @@ func Classify(err error) (code, reason, message string) {
 	return "", "", ""
 }
 
+// Envelope is the HTTP API's one error shape,
+// {"error":{"code":…,"message":…,"reason":…,"details":{}}} (DESIGN §5).
+// The server writes it; the remote SDK reads it back with Err.
+type Envelope struct {
+	Error *EnvelopeError `json:"error,omitempty"`
+}
+
+// EnvelopeError is the inside of an Envelope.
+type EnvelopeError struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Reason  string         `json:"reason,omitempty"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// Err is the error the envelope describes, of the type an in-process
+// caller would get (see FromCode); nil when it holds none.
+func (e Envelope) Err() error {
+	if e.Error == nil || e.Error.Code == "" {
+		return nil
+	}
+	return FromCode(e.Error.Code, e.Error.Reason, e.Error.Message)
+}
+
 // FromCode rebuilds the error that Classify took apart, so that a remote
 // caller gets the same types as an in-process one.
 func FromCode(code, reason, message string) error {

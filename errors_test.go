@@ -1,6 +1,7 @@
 package cheetah_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -63,4 +64,25 @@ func TestStatusRank(t *testing.T) {
 	}
 	require.False(t, cheetah.StatusAcknowledged.Terminal())
 	require.Equal(t, -1, cheetah.Status("bogus").Rank())
+}
+
+// The envelope survives JSON: what the server writes, the remote SDK reads
+// back as the same kind of error; an envelope without a code is no error.
+func TestEnvelopeRoundTrip(t *testing.T) {
+	t.Parallel()
+	code, reason, msg := cheetah.Classify(&cheetah.LeaseLostError{Reason: cheetah.LostExpired})
+	b, err := json.Marshal(cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: code, Message: msg, Reason: reason}})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"error":{"code":"lease_lost","message":"`+msg+`","reason":"expired"}}`, string(b))
+	var back cheetah.Envelope
+	require.NoError(t, json.Unmarshal(b, &back))
+	var lost *cheetah.LeaseLostError
+	require.ErrorAs(t, back.Err(), &lost)
+	require.Equal(t, cheetah.LostExpired, lost.Reason)
+
+	for _, raw := range []string{`{}`, `{"error":null}`, `{"error":{"message":"no code"}}`} {
+		var e cheetah.Envelope
+		require.NoError(t, json.Unmarshal([]byte(raw), &e))
+		require.NoError(t, e.Err(), raw)
+	}
 }

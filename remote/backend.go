@@ -231,9 +231,7 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	// could not be recorded) comes as an error envelope in the 200 body.
 	var out struct {
 		Resolution *cheetah.Resolution `json:"resolution"`
-		Error      *struct {
-			Code, Message, Reason string
-		} `json:"error"`
+		cheetah.Envelope
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		if ctx.Err() != nil {
@@ -241,8 +239,8 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		}
 		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: decode the answer: %w", path, err)
 	}
-	if out.Error != nil {
-		return cheetah.Resolution{CommandID: id, TraceID: trace}, cheetah.FromCode(out.Error.Code, out.Error.Reason, out.Error.Message)
+	if err := out.Err(); err != nil {
+		return cheetah.Resolution{CommandID: id, TraceID: trace}, err
 	}
 	if out.Resolution == nil {
 		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: the answer holds no resolution", path)

@@ -168,21 +168,12 @@ func (c *Client) send(ctx context.Context, method, path string, body any, header
 	return resp, nil
 }
 
-// envelope is the API's one error shape.
-type envelope struct {
-	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Reason  string `json:"reason"`
-	} `json:"error"`
-}
-
 func decodeError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	var env envelope
+	var env cheetah.Envelope
 	var err error
-	if json.Unmarshal(raw, &env) == nil && env.Error != nil && env.Error.Code != "" {
-		err = cheetah.FromCode(env.Error.Code, env.Error.Reason, env.Error.Message)
+	if json.Unmarshal(raw, &env) == nil && env.Err() != nil {
+		err = env.Err()
 	} else {
 		err = &StatusError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(raw))}
 	}

@@ -145,18 +145,6 @@ var statusOf = map[string]int{
 	cheetah.CodeOverloaded:         http.StatusServiceUnavailable,
 }
 
-// errorBody is the one error envelope of the API.
-type errorBody struct {
-	Error errorInfo `json:"error"`
-}
-
-type errorInfo struct {
-	Code    string         `json:"code"`
-	Message string         `json:"message"`
-	Reason  string         `json:"reason,omitempty"`
-	Details map[string]any `json:"details,omitempty"`
-}
-
 // fail answers err in the envelope. An error of no known kind is logged and
 // answered as a 500 without its text.
 func (s *Server) fail(c *gin.Context, err error) {
@@ -169,7 +157,7 @@ func (s *Server) fail(c *gin.Context, err error) {
 	if code == cheetah.CodeStoreUnavailable {
 		s.reqLog(c).Warn("store unavailable", "route", c.FullPath(), "err", err)
 	}
-	c.AbortWithStatusJSON(status, errorBody{Error: errorInfo{Code: code, Message: msg, Reason: reason}})
+	c.AbortWithStatusJSON(status, cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: code, Message: msg, Reason: reason}})
 }
 
 // bind decodes a JSON body strictly: unknown fields and trailing data are

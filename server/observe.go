@@ -191,7 +191,7 @@ func (s *Server) recoverPanic(c *gin.Context) {
 		}
 		s.reqLog(c).Error("handler panicked", "route", c.FullPath(), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 		if !c.Writer.Written() {
-			c.AbortWithStatusJSON(http.StatusInternalServerError, errorBody{Error: errorInfo{Code: "internal", Message: "internal error"}})
+			c.AbortWithStatusJSON(http.StatusInternalServerError, cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: "internal", Message: "internal error"}})
 		} else {
 			c.Abort()
 		}

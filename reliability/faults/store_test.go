@@ -3,7 +3,6 @@ package faults
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -275,15 +274,7 @@ func TestTerminalWriteFailsOverHTTP(t *testing.T) {
 	keys := auth.New(base, adminKey, time.Now)
 	srv, err := server.New(server.Config{Registry: reg, Store: base, Keys: keys})
 	require.NoError(t, err)
-	hs := httptest.NewServer(srv.Handler())
-	defer func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		reg.Close()
-	}()
+	hs := rig.ServeInProcess(t, srv, reg)
 	api := rig.NewAPI(hs.URL)
 	defer api.HC.CloseIdleConnections()
 	app := api.MakeKey(t, adminKey, "app", "")

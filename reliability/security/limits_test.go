@@ -2,8 +2,8 @@ package security
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -135,27 +135,11 @@ func TestOversized(t *testing.T) {
 // tests' goroutines.
 func TestHelloFlood(t *testing.T) {
 	ctx := context.Background()
-	store := historytest.NewSQLite(t)
-	reg, err := registry.New(ctx, registry.Config{Store: store})
-	require.NoError(t, err)
-	keys := auth.New(store, "", time.Now)
 	const helloTimeout = 750 * time.Millisecond
 	n := *flood
 	// Room for the flood and the real client: TestPendingHelloCap shows
 	// what happens past the cap.
-	srv, err := server.New(server.Config{Registry: reg, Store: store, Keys: keys, HelloTimeout: helloTimeout, MaxPendingHellos: n + 1})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv.Handler())
-	defer func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		reg.Close()
-	}()
-	ck, err := keys.Create(ctx, auth.Client, userA, "real")
-	require.NoError(t, err)
+	hs, reg, clientKey := helloServer(t, server.Config{HelloTimeout: helloTimeout, MaxPendingHellos: n + 1})
 
 	baseline := goleak.IgnoreCurrent()
 	baseHeap := heapAlloc()
@@ -213,12 +197,12 @@ func TestHelloFlood(t *testing.T) {
 	peakGoroutines := runtime.NumGoroutine()
 
 	// Meanwhile a real client says hello and is served.
-	real := &rig.FakeClient{URL: hs.URL, Key: ck.Secret, UserID: userA, ClientID: "real"}
+	real := &rig.FakeClient{URL: hs.URL, Key: clientKey, UserID: userA, ClientID: "real"}
 	helloStart := time.Now()
 	require.NoError(t, real.Connect(ctx), "a real client is served during the flood")
 	require.NoError(t, real.Report(rig.Worker("w")))
 	served := time.Since(helloStart)
-	_, err = reg.Acquire(ctx, cheetah.AcquireRequest{UserID: userA, TaskID: "t", ClientType: cheetah.Console})
+	_, err := reg.Acquire(ctx, cheetah.AcquireRequest{UserID: userA, TaskID: "t", ClientType: cheetah.Console})
 	require.NoError(t, err)
 
 	wg.Wait()
@@ -258,30 +242,17 @@ func heapAlloc() uint64 {
 func TestPendingHelloCap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := historytest.NewSQLite(t)
-	reg, err := registry.New(ctx, registry.Config{Store: store})
-	require.NoError(t, err)
-	keys := auth.New(store, "", time.Now)
 	clock := clockwork.NewFakeClock()
 	const cap = 4
-	srv, err := server.New(server.Config{Registry: reg, Store: store, Keys: keys, Clock: clock, MaxPendingHellos: cap})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv.Handler())
+	hs, _, clientKey := helloServer(t, server.Config{Clock: clock, MaxPendingHellos: cap})
 	var conns []*websocket.Conn
 	defer func() {
-		// Nobody reads these: closed now, the broker's shutdown does not
+		// Nobody reads these: closed first, the broker's shutdown does not
 		// wait out their close handshakes.
 		for _, c := range conns {
 			c.CloseNow()
 		}
-		hs.Close()
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		reg.Close()
 	}()
-	ck, err := keys.Create(ctx, auth.Client, userA, "real")
-	require.NoError(t, err)
 	wsURL := "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws/v1/client"
 	dial := func() (*websocket.Conn, *http.Response, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -313,7 +284,7 @@ func TestPendingHelloCap(t *testing.T) {
 	refused("past the cap")
 
 	// One says hello: its place is free once the welcome arrives.
-	hello, _ := protocol.Encode(&protocol.Hello{Protocol: 1, Token: ck.Secret, ClientID: "real", ClientType: protocol.ClientConsole})
+	hello, _ := protocol.Encode(&protocol.Hello{Protocol: 1, Token: clientKey, ClientID: "real", ClientType: protocol.ClientConsole})
 	require.NoError(t, silent[0].Write(ctx, websocket.MessageText, hello))
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -340,4 +311,22 @@ func TestPendingHelloCap(t *testing.T) {
 		require.NoError(t, err, "the places came back with the timeouts")
 	}
 	refused("full once more")
+}
+
+// helloServer serves a registry and a server made with cfg (its registry,
+// store and keys filled in) on loopback until the test ends, and returns a
+// client key of userA.
+func helloServer(t *testing.T, cfg server.Config) (*httptest.Server, *registry.Registry, string) {
+	t.Helper()
+	ctx := context.Background()
+	store := historytest.NewSQLite(t)
+	reg, err := registry.New(ctx, registry.Config{Store: store})
+	require.NoError(t, err)
+	cfg.Registry, cfg.Store, cfg.Keys = reg, store, auth.New(store, "", time.Now)
+	srv, err := server.New(cfg)
+	require.NoError(t, err)
+	hs := rig.ServeInProcess(t, srv, reg)
+	ck, err := cfg.Keys.Create(ctx, auth.Client, userA, "real")
+	require.NoError(t, err)
+	return hs, reg, ck.Secret
 }
