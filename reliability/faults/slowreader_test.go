@@ -3,7 +3,6 @@ package faults
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,13 +18,6 @@ import (
 	"github.com/cheetahbroker/cheetah/server"
 )
 
-func heap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // TestClientStopsReading connects a client that reads its welcome and then
 // nothing more, and floods it with 32 KiB commands. The broker must cut it
 // off (its outbound queue is bounded), keep its own memory bounded, and
@@ -36,16 +28,7 @@ func heap() uint64 {
 func TestClientStopsReading(t *testing.T) {
 	ctx := context.Background()
 	const user = "usr_slow"
-	b, err := server.Open(ctx, server.Options{DataDir: t.TempDir(), AdminKey: adminKey, ReconnectGrace: time.Hour})
-	require.NoError(t, err)
-	hs := httptest.NewServer(b.Server.Handler())
-	t.Cleanup(func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		_ = b.Close(cctx)
-	})
+	b, hs := rig.OpenBroker(t, server.Options{DataDir: t.TempDir(), AdminKey: adminKey, ReconnectGrace: time.Hour})
 	api := rig.NewAPI(hs.URL)
 	defer api.HC.CloseIdleConnections()
 	cli := api.MakeKey(t, adminKey, "client", user)
@@ -86,7 +69,7 @@ func TestClientStopsReading(t *testing.T) {
 	hHealthy, err := mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "steady", ClientType: cheetah.Console, ClientID: "healthy"})
 	require.NoError(t, err)
 
-	base := heap()
+	base := rig.Heap()
 	// The healthy client keeps working while the other is flooded.
 	var wg sync.WaitGroup
 	floodDone := make(chan struct{})
@@ -133,7 +116,7 @@ func TestClientStopsReading(t *testing.T) {
 	close(floodDone)
 	wg.Wait()
 	require.True(t, cut, "the client that does not read was never disconnected (%d commands sent)", sent)
-	after := heap()
+	after := rig.Heap()
 	growth := int64(peak) - int64(base)
 	t.Logf("stuck client cut off after %d commands of 32 KiB; heap base %d MiB, peak %+d MiB, after %+d MiB; healthy client: %d round trips meanwhile, slowest %s",
 		sent, base>>20, growth>>20, (int64(after)-int64(base))>>20, steady, slowest.Round(time.Millisecond))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -176,16 +175,7 @@ func TestBrokerLinearizable(t *testing.T) {
 	t.Parallel()
 	const admin = "linearize-admin-key-0123456789abcdef"
 	ctx := context.Background()
-	b, err := server.Open(ctx, server.Options{DataDir: t.TempDir(), AdminKey: admin})
-	require.NoError(t, err)
-	hs := httptest.NewServer(b.Server.Handler())
-	t.Cleanup(func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		_ = b.Close(cctx)
-	})
+	_, hs := rig.OpenBroker(t, server.Options{DataDir: t.TempDir(), AdminKey: admin})
 	api := rig.NewAPI(hs.URL)
 	defer api.HC.CloseIdleConnections()
 	app := api.MakeKey(t, admin, "app", "")

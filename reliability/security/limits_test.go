@@ -142,7 +142,7 @@ func TestHelloFlood(t *testing.T) {
 	hs, reg, clientKey := helloServer(t, server.Config{HelloTimeout: helloTimeout, MaxPendingHellos: n + 1})
 
 	baseline := goleak.IgnoreCurrent()
-	baseHeap := heapAlloc()
+	baseHeap := rig.Heap()
 	wsURL := "ws" + strings.TrimPrefix(hs.URL, "http") + "/ws/v1/client"
 	type result struct {
 		code  websocket.StatusCode
@@ -224,14 +224,7 @@ func TestHelloFlood(t *testing.T) {
 	require.NoError(t, goleak.Find(baseline), "goroutines the flood left behind")
 	t.Logf("%d connections without hello: all closed 4408 (slowest %s after dialling, hello timeout %s, flood took %s); at peak +%d goroutines and +%d KiB heap (%d B per connection, this process holds both ends); a real client's hello and report took %s meanwhile; heap after %+d KiB",
 		n, slowest.Round(time.Millisecond), helloTimeout, time.Since(start).Round(time.Millisecond), peakGoroutines, (int64(peak.HeapAlloc)-int64(baseHeap))>>10,
-		(int64(peak.HeapAlloc)-int64(baseHeap))/int64(n), served.Round(time.Millisecond), (int64(heapAlloc())-int64(baseHeap))>>10)
-}
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
+		(int64(peak.HeapAlloc)-int64(baseHeap))/int64(n), served.Round(time.Millisecond), (int64(rig.Heap())-int64(baseHeap))>>10)
 }
 
 // TestPendingHelloCap: connections that have not said hello are bounded in

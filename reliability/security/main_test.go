@@ -62,19 +62,9 @@ func newEnv(t *testing.T, tweak ...func(*server.Options)) *env {
 	for _, f := range tweak {
 		f(&opts)
 	}
-	ctx := context.Background()
-	b, err := server.Open(ctx, opts)
-	require.NoError(t, err)
-	hs := httptest.NewServer(b.Server.Handler())
+	b, hs := rig.OpenBroker(t, opts)
 	e := &env{t: t, b: b, hs: hs, api: rig.NewAPI(hs.URL), logs: logs, keys: map[string]string{}}
-	t.Cleanup(func() {
-		e.api.HC.CloseIdleConnections()
-		hs.CloseClientConnections()
-		hs.Close()
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		_ = b.Close(cctx)
-	})
+	t.Cleanup(e.api.HC.CloseIdleConnections)
 	e.app = e.api.MakeKey(t, adminKey, "app", "")
 	for _, u := range []string{userA, userB} {
 		e.keys[u] = e.api.MakeKey(t, adminKey, "client", u)

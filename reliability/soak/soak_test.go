@@ -76,14 +76,6 @@ func cut(s string, sep byte) (string, string, bool) {
 	return s, "", false
 }
 
-func heapNow() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // record is what the application side knows of one command.
 type record struct {
 	user, context string
@@ -126,7 +118,7 @@ func soak(t *testing.T, store string) {
 	if store == "postgres" {
 		opts.DatabaseURL = historytest.EmptyPostgres(t)
 	}
-	heapBase0 := heapNow()
+	heapBase0 := rig.Heap()
 	b, err := server.Open(ctx, opts)
 	require.NoError(t, err)
 	hs := httptest.NewServer(b.Server.Handler())
@@ -156,7 +148,7 @@ func soak(t *testing.T, store string) {
 	// Baselines: the broker is up, nobody is connected.
 	baseG := goleak.IgnoreCurrent()
 	baseGoroutines := runtime.NumGoroutine()
-	baseHeap := heapNow()
+	baseHeap := rig.Heap()
 
 	chk := rig.NewChecker()
 	var fcs []*rig.FakeClient
@@ -295,7 +287,7 @@ func soak(t *testing.T, store string) {
 	hs.CloseClientConnections()
 	require.NoError(t, goleak.Find(baseG), "goroutines left behind by the run")
 	goroutines := runtime.NumGoroutine()
-	heapEnd := heapNow()
+	heapEnd := rig.Heap()
 	// The registry remembers ended leases and finished commands for 10
 	// minutes by design (bounded); allow for them.
 	memo := int64(st.Ended+st.Finished) * 1024
