@@ -24,7 +24,10 @@
 //
 // Echo and Exec are the handlers of the console agent: Echo answers with the
 // params it was given, and Exec runs a program from an allowlist, streaming
-// its stdout and stderr as progress.
+// its stdout and stderr as progress. Each program runs in a process group of
+// its own, killed whole when its command is cancelled or times out; on Linux
+// the kernel also kills the program when the agent process dies, however it
+// dies, so a killed agent leaves no program running.
 //
 // Commands keep running when the connection drops. Whatever they send while
 // the agent is disconnected is dropped; what they send once it has

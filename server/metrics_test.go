@@ -82,11 +82,13 @@ func TestMetricsScrape(t *testing.T) {
 
 	s := b.scrape()
 	for _, name := range []string{"cheetah_leases", "cheetah_commands_in_flight", "cheetah_clients", "cheetah_contexts",
-		"cheetah_acquires_waiting", "go_goroutines", "process_start_time_seconds", "target_info"} {
+		"cheetah_acquires_waiting", "cheetah_history_write_held", "cheetah_history_write_dropped_total",
+		"go_goroutines", "process_start_time_seconds", "target_info"} {
 		require.Contains(t, s, name, "a series there from the start")
 	}
 	require.Zero(t, s.value("cheetah_leases"))
 	require.Zero(t, s.value("cheetah_clients", "client_type", "console", "state", "connected"))
+	require.Zero(t, s.value("cheetah_history_write_held"))
 
 	agent := b.connectAgent("agent-1", "flow-1")
 	s = b.scrape()
