@@ -82,6 +82,12 @@ func TestPostgresGoesAway(t *testing.T) {
 	var pwg sync.WaitGroup
 	pwg.Go(func() {
 		ctx := context.Background()
+		held := ""
+		defer func() {
+			if held != "" {
+				api.Do(ctx, "POST", "/api/v1/lease/release", app, nil, "X-Lease", held)
+			}
+		}()
 		for i := 0; i < 1_000_000; i++ {
 			select {
 			case <-proberStop:
@@ -89,15 +95,25 @@ func TestPostgresGoesAway(t *testing.T) {
 			default:
 			}
 			p0 := phase.Load()
+			// Each round acquires (and gives back) a lease, and sends
+			// through the one the prober holds: acquired while the database
+			// answered, it is what a send during the outage would use.
 			lease, ans := api.Acquire(ctx, app, map[string]any{"user_id": user, "task_id": "probe", "client_type": "console", "ttl_s": 30})
 			got := []probe{{"acquire", ans.Status, ans.Code()}}
 			if ans.Status == 201 {
-				id, sans := api.Send(ctx, app, lease.LeaseToken, map[string]any{"name": "work", "params": map[string]any{"ms": 1}})
+				if held == "" {
+					held = lease.LeaseToken
+				} else {
+					api.Do(ctx, "POST", "/api/v1/lease/release", app, nil, "X-Lease", lease.LeaseToken)
+				}
+			}
+			if held != "" {
+				id, sans := api.Send(ctx, app, held, map[string]any{"name": "work", "params": map[string]any{"ms": 1}})
 				got = append(got, probe{"send", sans.Status, sans.Code()})
 				if sans.Status == 202 {
 					led.command(id, outcome{})
 				}
-				res, wid, wans := api.SendAndWait(ctx, app, lease.LeaseToken, map[string]any{"name": "work", "params": map[string]any{"ms": 1}})
+				res, wid, wans := api.SendAndWait(ctx, app, held, map[string]any{"name": "work", "params": map[string]any{"ms": 1}})
 				got = append(got, probe{"wait", wans.Status, wans.Code()})
 				if wans.Status == 200 && wans.Code() != "" {
 					// Admitted (200 and X-Command-Id already sent), then an
@@ -112,7 +128,9 @@ func TestPostgresGoesAway(t *testing.T) {
 				if sans.Status == 202 && p0 == phaseRecovering {
 					recovered.CompareAndSwap(0, time.Now().UnixNano())
 				}
-				api.Do(ctx, "POST", "/api/v1/lease/release", app, nil, "X-Lease", lease.LeaseToken)
+				if sans.Status == 423 {
+					held = "" // lost (never during an outage: checked below); acquire another
+				}
 			}
 			if p0 == phaseDown && phase.Load() == phaseDown {
 				probesMu.Lock()
@@ -180,6 +198,15 @@ func TestPostgresGoesAway(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, outage, "no probe ran wholly inside the outage")
+	for _, op := range []string{"acquire", "send", "wait"} {
+		n := 0
+		for _, p := range outage {
+			if p.op == op {
+				n++
+			}
+		}
+		require.Positive(t, n, "no %s was tried wholly inside an outage", op)
+	}
 	require.Empty(t, led.bad, "unexpected answers")
 
 	// Nothing admitted is lost; nothing dispatched is unrecorded.
