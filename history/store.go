@@ -98,6 +98,9 @@ type Store struct {
 	// tells the writer when someone else found that out.
 	down atomic.Pointer[downState]
 	wake chan struct{}
+	// marks counts the times someone outside the writer found the
+	// database away (markDown); see noteHealth.
+	marks atomic.Uint64
 	// What an outage holds, oldest first; only the writer goroutine
 	// touches these.
 	held       []request

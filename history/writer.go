@@ -184,14 +184,17 @@ func (s *Store) Health() error {
 
 // noteHealth records what the database's last answer says of its health;
 // err is that answer's error. A refusal is an answer: the database is up.
-func (s *Store) noteHealth(err error) {
+// seen is s.marks as it was when the attempt began: an answer that began
+// before someone else found the database away (markDown) is older news
+// than theirs, and does not end the outage.
+func (s *Store) noteHealth(err error, seen uint64) {
 	switch {
 	case unavailable(err):
 		if s.down.Load() == nil {
 			s.log.Warn("history: the database does not answer; asynchronous writes are held until it does", "error", err)
 		}
 		s.down.Store(&downState{err: err})
-	case s.down.Load() != nil && len(s.held) == 0:
+	case s.down.Load() != nil && len(s.held) == 0 && s.marks.Load() == seen:
 		s.log.Info("history: the database answers again")
 		s.down.Store(nil)
 	}
@@ -202,7 +205,11 @@ type downState struct{ err error }
 // markDown records, from outside the writer, that the database did not
 // answer, and wakes the writer so that it starts probing.
 func (s *Store) markDown(err error) {
-	if unavailable(err) && s.down.CompareAndSwap(nil, &downState{err: err}) {
+	if !unavailable(err) {
+		return
+	}
+	s.marks.Add(1)
+	if s.down.CompareAndSwap(nil, &downState{err: err}) {
 		s.log.Warn("history: the database does not answer", "error", err)
 		select {
 		case s.wake <- struct{}{}:
@@ -388,9 +395,10 @@ func (s *Store) commit(batch []request) {
 	for _, r := range batch {
 		ops = append(ops, r.ops...)
 	}
+	seen := s.marks.Load()
 	err := s.apply(ops)
 	if err == nil || len(batch) == 1 {
-		s.noteHealth(err)
+		s.noteHealth(err, seen)
 		for _, r := range batch {
 			s.finish(r, err)
 		}
@@ -408,12 +416,12 @@ func (s *Store) commit(batch []request) {
 		err := s.apply(r.ops)
 		if unavailable(err) {
 			down = err
-			s.noteHealth(down)
+			s.noteHealth(down, seen)
 		}
 		s.finish(r, err)
 	}
 	if down == nil {
-		s.noteHealth(nil)
+		s.noteHealth(nil, seen)
 	}
 }
 
@@ -450,8 +458,13 @@ func (s *Store) hold(r request) {
 // batch of ops each. It returns the database's error while it still does not
 // answer. Held ops the database refuses on their own (a message whose
 // command retention deleted meanwhile) are dropped with a warning; the rest
-// still land.
+// still land. With nothing held it does nothing, and says nothing of the
+// database's health: it has not asked.
 func (s *Store) drainHeld() error {
+	if len(s.held) == 0 {
+		return nil
+	}
+	seen := s.marks.Load()
 	for len(s.held) > 0 {
 		n, size := 0, 0
 		for n < len(s.held) && (n == 0 || size+len(s.held[n].ops) <= s.batch) {
@@ -467,7 +480,7 @@ func (s *Store) drainHeld() error {
 			for range n {
 				e := s.apply(s.held[0].ops)
 				if unavailable(e) {
-					s.noteHealth(e)
+					s.noteHealth(e, seen)
 					return e
 				}
 				if e != nil {
@@ -478,12 +491,12 @@ func (s *Store) drainHeld() error {
 			continue
 		}
 		if err != nil {
-			s.noteHealth(err)
+			s.noteHealth(err, seen)
 			return err
 		}
 		s.release(n, false)
 	}
-	s.noteHealth(nil)
+	s.noteHealth(nil, seen)
 	return nil
 }
 
@@ -518,8 +531,9 @@ func (s *Store) probe() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
+	seen := s.marks.Load()
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return tx.Exec("SELECT 1").Error })
-	s.noteHealth(fail("history.probe", err))
+	s.noteHealth(fail("history.probe", err), seen)
 }
 
 // closeHeld makes a last attempt, at Close, to write what is held, and says

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jonboulle/clockwork"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
@@ -111,8 +112,20 @@ func (s *session) Close(code protocol.CloseCode, reason string) {
 // connection's place among those waiting to say hello (admitHello); the
 // session gives it back.
 func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
-	sess := &session{srv: s}
+	sess := &session{
+		srv: s, id: newID(), out: make(chan outItem, s.cfg.OutboundQueue),
+		done: make(chan struct{}), closing: make(chan struct{}),
+	}
+	sess.log = s.log.With("session_id", sess.id)
+	sess.lastSeen.Store(s.clock.Now().UnixNano())
 	defer sess.leavePending()
+	// The hello deadline runs from before the upgrade: once a client has
+	// its 101, the timer that will close it is there (it queues the close
+	// for the writer, which starts below).
+	hello := s.clock.AfterFunc(s.cfg.HelloTimeout, func() {
+		sess.Close(protocol.CloseTimeout, "no hello within "+s.cfg.HelloTimeout.String())
+	})
+	defer hello.Stop()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		// The token travels in hello, never in a cookie, so a foreign origin
 		// gains nothing from opening a socket; extensions connect from
@@ -127,10 +140,7 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	// frame is answered with 4413 and an error frame rather than the
 	// library's own 1009.
 	ws.SetReadLimit(-1)
-	sess.ws, sess.id, sess.out = ws, newID(), make(chan outItem, s.cfg.OutboundQueue)
-	sess.done, sess.closing = make(chan struct{}), make(chan struct{})
-	sess.log = s.log.With("session_id", sess.id)
-	sess.lastSeen.Store(s.clock.Now().UnixNano())
+	sess.ws = ws
 	if !s.track(sess) {
 		ws.Close(websocket.StatusGoingAway, "shutting down")
 		return
@@ -140,7 +150,7 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
 	go sess.writeLoop(ctx)
-	sess.readLoop(ctx)
+	sess.readLoop(ctx, hello)
 	select {
 	case <-sess.closing:
 		// The writer owes the client an error frame and a close frame; give
@@ -199,12 +209,9 @@ func (s *session) writeLoop(ctx context.Context) {
 	}
 }
 
-// readLoop reads frames until the connection ends.
-func (s *session) readLoop(ctx context.Context) {
-	hello := s.srv.clock.AfterFunc(s.srv.cfg.HelloTimeout, func() {
-		s.Close(protocol.CloseTimeout, "no hello within "+s.srv.cfg.HelloTimeout.String())
-	})
-	defer hello.Stop()
+// readLoop reads frames until the connection ends. hello is the timer
+// that closes a client that says no hello in time.
+func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 	max := int64(s.srv.cfg.MaxMessageBytes)
 	limit := newLimiter(s.srv.cfg.FrameRateLimit)
 	for {

@@ -23,6 +23,7 @@ func RunOutage(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"HeldThroughOutage", testHeldThroughOutage},
 		{"HealthProbe", testHealthProbe},
 		{"OutageUnderLoad", testOutageUnderLoad},
+		{"HealthHoldsThroughOutage", testHealthHolds},
 	})
 }
 
@@ -168,4 +169,46 @@ func testOutageUnderLoad(t *testing.T, ctx context.Context, s *history.Store) {
 	for _, rec := range recs {
 		requireSeqInOrder(t, get(t, ctx, s, rec).Messages, perWriter)
 	}
+}
+
+// testHealthHolds: once the store knows the database is away (here from a
+// readiness query), Health stays failed, whatever is written meanwhile,
+// until the database answers again: the broker refuses acquires on it, so
+// a moment of "healthy" would hand out a lease no send could use.
+func testHealthHolds(t *testing.T, ctx context.Context, s *history.Store) {
+	rec := newCommand("usr_1111", "task-1")
+	insert(t, ctx, s, rec)
+	restore := Outage(t, s)
+	// On SQLite a query still answers while another connection holds the
+	// write lock; a Write tells the store instead.
+	if s.Ping(ctx) == nil {
+		require.ErrorIs(t, s.Write(ctx), cheetah.ErrStoreUnavailable)
+	}
+	require.ErrorIs(t, s.Health(), cheetah.ErrStoreUnavailable)
+	stop := make(chan struct{})
+	healthy := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				healthy <- n
+				return
+			default:
+			}
+			if s.Health() == nil {
+				n++
+			}
+		}
+	}()
+	const writes = 8
+	for i := range writes {
+		require.ErrorIs(t, s.Write(ctx, history.InsertCommand{Rec: newCommand("usr_1111", "task-1")}), cheetah.ErrStoreUnavailable)
+		s.WriteAsync(nil, progress(rec.CommandID, i))
+	}
+	close(stop)
+	require.Zero(t, <-healthy, "Health said healthy while the database was away")
+	restore()
+	waitHealthy(t, s)
+	requireSeqInOrder(t, get(t, ctx, s, rec).Messages, writes)
 }
