@@ -103,7 +103,7 @@ type Store struct {
 	marks atomic.Uint64
 	// What an outage holds, oldest first; only the writer goroutine
 	// touches these.
-	held       []request
+	held       []heldWrite
 	heldBytes  int
 	maxHeld    int
 	warnedDrop bool

@@ -375,54 +375,54 @@ func (s *Store) fill(first request) []request {
 	return batch
 }
 
-// commit writes a batch in one transaction, after whatever an outage held.
-// If that fails, it retries each request alone, in order, so that one bad op
-// (a duplicate id, a message for an unknown command) fails only its own
-// caller. When a retry shows that the database itself is failing, the rest
-// get that error without more tries.
+// commit writes a batch, after whatever an outage held. Nothing may overtake
+// what is held: while that cannot be written, the batch fails with it.
 func (s *Store) commit(batch []request) {
-	// drainHeld notes the database's health before any caller below hears
-	// of a failure, so that a caller told store_unavailable finds Health
-	// saying so too.
-	if err := s.drainHeld(); err != nil {
-		// Still down: nothing may overtake what is held.
-		for _, r := range batch {
-			s.finish(r, err)
-		}
-		return
+	err := s.drainHeld()
+	n := 0
+	if err == nil {
+		seen := s.marks.Load()
+		n, err = s.applyGroup(batch, s.finish)
+		s.noteHealth(err, seen)
 	}
+	// Health says so before these callers hear store_unavailable.
+	for _, r := range batch[n:] {
+		s.finish(r, err)
+	}
+}
+
+// applyGroup writes reqs in one transaction. If that fails for a reason of
+// its ops' own, it writes each request alone, in order, so that one bad op
+// (a duplicate id, a message for an unknown command) fails only its own
+// request. each hears how every request went, in order, until the database
+// is found not to answer: then applyGroup returns that error and how many
+// requests each heard of; the rest are the caller's.
+func (s *Store) applyGroup(reqs []request, each func(request, error)) (int, error) {
 	var ops []Op
-	for _, r := range batch {
+	for _, r := range reqs {
 		ops = append(ops, r.ops...)
 	}
-	seen := s.marks.Load()
 	err := s.apply(ops)
-	if err == nil || len(batch) == 1 {
-		s.noteHealth(err, seen)
-		for _, r := range batch {
-			s.finish(r, err)
+	if unavailable(err) {
+		return 0, err
+	}
+	if err == nil || len(reqs) == 1 {
+		for _, r := range reqs {
+			each(r, err)
 		}
-		return
+		return len(reqs), nil
 	}
 	s.stats.retries.Add(1)
 	s.log.Warn("history: group commit failed, retrying its requests one by one",
-		"requests", len(batch), "ops", len(ops), "error", err)
-	var down error
-	for _, r := range batch {
-		if down != nil {
-			s.finish(r, down)
-			continue
-		}
+		"requests", len(reqs), "ops", len(ops), "error", err)
+	for i, r := range reqs {
 		err := s.apply(r.ops)
 		if unavailable(err) {
-			down = err
-			s.noteHealth(down, seen)
+			return i, err
 		}
-		s.finish(r, err)
+		each(r, err)
 	}
-	if down == nil {
-		s.noteHealth(nil, seen)
-	}
+	return len(reqs), nil
 }
 
 // finish tells a request's caller how it went, and holds the ops of a
@@ -439,8 +439,8 @@ func (s *Store) finish(r request, err error) {
 // What is dropped is the newest, so what is written later stays a prefix of
 // what was enqueued.
 func (s *Store) hold(r request) {
-	n := opsBytes(r.ops)
-	if s.heldBytes+n > s.maxHeld {
+	size := opsBytes(r.ops)
+	if s.heldBytes+size > s.maxHeld {
 		if !s.warnedDrop {
 			s.warnedDrop = true
 			s.log.Error("history: too much is held while the database does not answer; dropping asynchronous writes",
@@ -449,9 +449,16 @@ func (s *Store) hold(r request) {
 		s.stats.dropped.Add(int64(len(r.ops)))
 		return
 	}
-	s.held = append(s.held, request{ops: r.ops, keep: true})
-	s.heldBytes += n
+	s.held = append(s.held, heldWrite{ops: r.ops, size: size})
+	s.heldBytes += size
 	s.stats.held.Add(int64(len(r.ops)))
+}
+
+// heldWrite is the ops of one WriteAsync held through an outage, and their
+// estimated size.
+type heldWrite struct {
+	ops  []Op
+	size int
 }
 
 // drainHeld writes what is held, oldest first, in transactions of up to a
@@ -471,53 +478,38 @@ func (s *Store) drainHeld() error {
 			size += len(s.held[n].ops)
 			n++
 		}
-		var ops []Op
-		for _, r := range s.held[:n] {
-			ops = append(ops, r.ops...)
+		chunk := make([]request, n)
+		for i, h := range s.held[:n] {
+			chunk[i] = request{ops: h.ops}
 		}
-		err := s.apply(ops)
-		if err != nil && !unavailable(err) {
-			for range n {
-				e := s.apply(s.held[0].ops)
-				if unavailable(e) {
-					s.noteHealth(e, seen)
-					return e
-				}
-				if e != nil {
-					s.log.Warn("history: a write held through an outage was refused; dropping it", "ops", len(s.held[0].ops), "error", e)
-				}
-				s.release(1, e != nil)
+		done, err := s.applyGroup(chunk, func(r request, err error) {
+			if err != nil {
+				s.log.Warn("history: a write held through an outage was refused; dropping it", "ops", len(r.ops), "error", err)
+				s.stats.dropped.Add(int64(len(r.ops)))
+			} else {
+				s.stats.recovered.Add(int64(len(r.ops)))
 			}
-			continue
-		}
+		})
+		s.release(done)
 		if err != nil {
 			s.noteHealth(err, seen)
 			return err
 		}
-		s.release(n, false)
 	}
 	s.noteHealth(nil, seen)
 	return nil
 }
 
-// release takes the n oldest held requests off the list: written, or
-// dropped when refused.
-func (s *Store) release(n int, refused bool) {
-	ops := 0
+// release takes the n oldest held writes off the list, written or refused.
+func (s *Store) release(n int) {
 	for i := range n {
-		ops += len(s.held[i].ops)
-		s.heldBytes -= opsBytes(s.held[i].ops)
-		s.held[i] = request{}
+		s.heldBytes -= s.held[i].size
+		s.stats.held.Add(-int64(len(s.held[i].ops)))
+		s.held[i] = heldWrite{}
 	}
 	s.held = s.held[n:]
 	if len(s.held) == 0 {
 		s.held, s.heldBytes, s.warnedDrop = nil, 0, false
-	}
-	s.stats.held.Add(-int64(ops))
-	if refused {
-		s.stats.dropped.Add(int64(ops))
-	} else {
-		s.stats.recovered.Add(int64(ops))
 	}
 }
 

@@ -172,9 +172,10 @@ func decodeError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	var env cheetah.Envelope
 	var err error
-	if json.Unmarshal(raw, &env) == nil && env.Err() != nil {
+	if json.Unmarshal(raw, &env) == nil {
 		err = env.Err()
-	} else {
+	}
+	if err == nil {
 		err = &StatusError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(raw))}
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {

@@ -2,6 +2,7 @@ package rig
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"testing"
@@ -15,16 +16,10 @@ import (
 // closes the client connections, the listener, srv (its sessions) and reg,
 // in that order.
 func ServeInProcess(t testing.TB, srv *server.Server, reg *registry.Registry) *httptest.Server {
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+	return serve(t, srv.Handler(), func(ctx context.Context) {
 		_ = srv.Shutdown(ctx)
 		reg.Close()
 	})
-	return hs
 }
 
 // OpenBroker opens a whole broker in process with opts and serves it on
@@ -36,15 +31,21 @@ func OpenBroker(t testing.TB, opts server.Options) (*server.Broker, *httptest.Se
 	if err != nil {
 		t.Fatalf("rig: open broker: %v", err)
 	}
-	hs := httptest.NewServer(b.Server.Handler())
+	return b, serve(t, b.Server.Handler(), func(ctx context.Context) { _ = b.Close(ctx) })
+}
+
+// serve serves h on loopback until the test ends: then it closes the client
+// connections and the listener, and calls stop with a bounded context.
+func serve(t testing.TB, h http.Handler, stop func(context.Context)) *httptest.Server {
+	hs := httptest.NewServer(h)
 	t.Cleanup(func() {
 		hs.CloseClientConnections()
 		hs.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = b.Close(ctx)
+		stop(ctx)
 	})
-	return b, hs
+	return hs
 }
 
 // Heap is the live heap after a full collection, in bytes: the figure a
