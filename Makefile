@@ -4,7 +4,7 @@ BIN      ?= bin/cheetah
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 PKGS     ?= ./...
 
-.PHONY: build run test test-short bench bench-go fuzz postgres vet tidy clean
+.PHONY: build run test test-short bench bench-go fuzz postgres vet lint tidy clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/cheetah
@@ -15,7 +15,7 @@ run:
 
 # Every test, with the race detector, against a real PostgreSQL (started
 # first if it is not answering) and real SQLite files.
-test: postgres chromium
+test: postgres chromium lint
 	node --test extension/test/
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v /bench/)
 	@# The harness's smoke test in short mode (scenarios 1 and 5): its full
@@ -59,6 +59,12 @@ fuzz:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# staticcheck at a pinned version, fetched through the Go module proxy on
+# first use; `make test` runs it before the tests.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint:
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 tidy:
 	$(GO) mod tidy

@@ -66,14 +66,13 @@ func startWait(t *testing.T, api *rig.API, key, token string, body map[string]an
 // flows, and a lease on one of them with `sleep 60` running under
 // send_and_wait.
 type victim struct {
-	serve      *rig.Serve
-	agent      *rig.Proc
-	app, cli   string
-	lease      cheetah.Lease
-	wait       wait
-	heartbeat  time.Duration
-	grace      time.Duration
-	agentCount int
+	serve     *rig.Serve
+	agent     *rig.Proc
+	app, cli  string
+	lease     cheetah.Lease
+	wait      wait
+	heartbeat time.Duration
+	grace     time.Duration
 }
 
 const victimUser = "usr_fault_victim"

@@ -229,25 +229,6 @@ func (c *commandConn) Send(f protocol.Frame) bool {
 }
 func (c *commandConn) Close(protocol.CloseCode, string) {}
 
-// answerConn answers each command with a result, from another goroutine
-// (Send runs under the registry's lock).
-type answerConn struct {
-	reg   *registry.Registry
-	ready chan struct{}
-	att   **registry.Attachment
-}
-
-func (c *answerConn) Send(f protocol.Frame) bool {
-	if cmd, ok := f.(*protocol.Command); ok {
-		go func() {
-			<-c.ready
-			c.reg.ClientMessage(context.Background(), *c.att, &protocol.Result{CommandID: cmd.CommandID, Data: []byte(`{}`)})
-		}()
-	}
-	return true
-}
-func (c *answerConn) Close(protocol.CloseCode, string) {}
-
 func itoa(n int64) string {
 	if n == 0 {
 		return "0"

@@ -85,11 +85,10 @@ type record struct {
 
 // tally counts outcomes under a lock; its bad list fails the run.
 type tally struct {
-	mu      sync.Mutex
-	counts  map[string]int
-	bad     []string
-	cmds    map[string]record
-	maxSeen cheetah.Status
+	mu     sync.Mutex
+	counts map[string]int
+	bad    []string
+	cmds   map[string]record
 }
 
 func (k *tally) add(what string) {
