@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -41,6 +43,12 @@ type Config struct {
 	// http mapped to ws and https to wss; a URL that already ends in
 	// /ws/v1/client is used as it is.
 	URL string
+	// TLSConfig, when set, is the TLS client configuration of wss://
+	// connections: RootCAs to trust a broker whose certificate a private or
+	// self-signed CA issued, a client certificate for a proxy that asks for
+	// one. Nil uses the system's roots. Proxies named by HTTPS_PROXY and
+	// the like are used either way.
+	TLSConfig *tls.Config
 	// Token is the client key. It travels in hello and is never logged.
 	Token string
 	// ClientID names this client to the broker. Keep it stable across
@@ -83,6 +91,7 @@ type Session struct {
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
+	dialer *http.Client // dials the WebSocket; nil is websocket's default
 	tracer trace.Tracer
 	flows  map[string]*flow
 	order  []*flow // the flows in report order, flow-1 first
@@ -125,6 +134,7 @@ func New(cfg Config) *Agent {
 	}
 	a := &Agent{
 		cfg:      cfg,
+		dialer:   dialer(cfg.TLSConfig),
 		tracer:   tp.Tracer("github.com/cheetahbroker/cheetah/agent"),
 		log:      log.With("client_id", cfg.ClientID),
 		flows:    make(map[string]*flow, cfg.Flows),
@@ -255,7 +265,7 @@ func (a *Agent) connectLoop(ctx context.Context, target string) error {
 func (a *Agent) connect(ctx context.Context, target string, welcomed func()) error {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	s, err := dial(hctx, target, a.log)
+	s, err := dial(hctx, target, a.dialer, a.log)
 	if err != nil {
 		return err
 	}
@@ -330,6 +340,17 @@ func (a *Agent) send(f protocol.Frame) error {
 		return ErrNotConnected
 	}
 	return s.write(context.Background(), f)
+}
+
+// dialer returns the HTTP client that dials with tc, or nil for the
+// default one when tc is nil.
+func dialer(tc *tls.Config) *http.Client {
+	if tc == nil {
+		return nil
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = tc.Clone()
+	return &http.Client{Transport: t}
 }
 
 // clientURL turns the configured broker URL into the WebSocket URL of the
