@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -213,6 +214,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return errors.New("agent: run: already running")
 	}
 	defer a.running.Store(false)
+	if cleartextRemote(target) {
+		a.log.Warn("agent: the broker is on another machine and the URL is not https or wss: the client key travels in clear",
+			"url", target)
+	}
 
 	// The workers outlive ctx a little: they stop only once the connection
 	// is closed, since the reader may still queue a command while the close
@@ -340,6 +345,21 @@ func (a *Agent) send(f protocol.Frame) error {
 		return ErrNotConnected
 	}
 	return s.write(context.Background(), f)
+}
+
+// cleartextRemote reports whether target, a client WebSocket URL, is ws://
+// to a host other than this machine.
+func cleartextRemote(target string) bool {
+	u, err := url.Parse(target)
+	if err != nil || u.Scheme != "ws" {
+		return false
+	}
+	host := strings.ToLower(u.Hostname())
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
 }
 
 // dialer returns the HTTP client that dials with tc, or nil for the

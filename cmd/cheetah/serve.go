@@ -157,6 +157,9 @@ func (c *serveCmd) Run() error {
 	}
 	log.Info("cheetah serving", "listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),
 		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
+	if certs == nil && !loopback(c.Listen) {
+		log.Warn("serving plain HTTP beyond loopback: keys travel in clear unless a TLS proxy is in front; see --tls-cert")
+	}
 
 	select {
 	case err := <-errc:
