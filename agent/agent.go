@@ -231,6 +231,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	err = a.connectLoop(ctx, target)
 	close(quit)
 	workers.Wait()
+	if a.dialer != nil {
+		// An upgrade the broker refused may have left a connection idle
+		// in the agent's own transport.
+		a.dialer.CloseIdleConnections()
+	}
 	return err
 }
 
