@@ -2,10 +2,13 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -41,6 +44,12 @@ type Config struct {
 	// http mapped to ws and https to wss; a URL that already ends in
 	// /ws/v1/client is used as it is.
 	URL string
+	// TLSConfig, when set, is the TLS client configuration of wss://
+	// connections: RootCAs to trust a broker whose certificate a private or
+	// self-signed CA issued, a client certificate for a proxy that asks for
+	// one. Nil uses the system's roots. Proxies named by HTTPS_PROXY and
+	// the like are used either way.
+	TLSConfig *tls.Config
 	// Token is the client key. It travels in hello and is never logged.
 	Token string
 	// ClientID names this client to the broker. Keep it stable across
@@ -83,6 +92,7 @@ type Session struct {
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
+	dialer *http.Client // dials the WebSocket; nil is websocket's default
 	tracer trace.Tracer
 	flows  map[string]*flow
 	order  []*flow // the flows in report order, flow-1 first
@@ -125,6 +135,7 @@ func New(cfg Config) *Agent {
 	}
 	a := &Agent{
 		cfg:      cfg,
+		dialer:   dialer(cfg.TLSConfig),
 		tracer:   tp.Tracer("github.com/cheetahbroker/cheetah/agent"),
 		log:      log.With("client_id", cfg.ClientID),
 		flows:    make(map[string]*flow, cfg.Flows),
@@ -203,6 +214,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return errors.New("agent: run: already running")
 	}
 	defer a.running.Store(false)
+	if cleartextRemote(target) {
+		a.log.Warn("agent: the broker is on another machine and the URL is not https or wss: the client key travels in clear",
+			"url", target)
+	}
 
 	// The workers outlive ctx a little: they stop only once the connection
 	// is closed, since the reader may still queue a command while the close
@@ -216,6 +231,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	err = a.connectLoop(ctx, target)
 	close(quit)
 	workers.Wait()
+	if a.dialer != nil {
+		// An upgrade the broker refused may have left a connection idle
+		// in the agent's own transport.
+		a.dialer.CloseIdleConnections()
+	}
 	return err
 }
 
@@ -255,7 +275,7 @@ func (a *Agent) connectLoop(ctx context.Context, target string) error {
 func (a *Agent) connect(ctx context.Context, target string, welcomed func()) error {
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	s, err := dial(hctx, target, a.log)
+	s, err := dial(hctx, target, a.dialer, a.log)
 	if err != nil {
 		return err
 	}
@@ -330,6 +350,32 @@ func (a *Agent) send(f protocol.Frame) error {
 		return ErrNotConnected
 	}
 	return s.write(context.Background(), f)
+}
+
+// cleartextRemote reports whether target, a client WebSocket URL, is ws://
+// to a host other than this machine.
+func cleartextRemote(target string) bool {
+	u, err := url.Parse(target)
+	if err != nil || u.Scheme != "ws" {
+		return false
+	}
+	host := strings.ToLower(u.Hostname())
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
+}
+
+// dialer returns the HTTP client that dials with tc, or nil for the
+// default one when tc is nil.
+func dialer(tc *tls.Config) *http.Client {
+	if tc == nil {
+		return nil
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = tc.Clone()
+	return &http.Client{Transport: t}
 }
 
 // clientURL turns the configured broker URL into the WebSocket URL of the

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -58,8 +60,22 @@ type frameOrErr struct {
 
 func newFakeBroker(t *testing.T, maxBytes int64) *fakeBroker {
 	t.Helper()
+	return newFakeBrokerOn(t, maxBytes, false)
+}
+
+// newFakeBrokerOn is newFakeBroker, served on TLS (an https:// URL, with
+// httptest's own certificate, b.srv.Certificate()) when useTLS is set.
+func newFakeBrokerOn(t *testing.T, maxBytes int64, useTLS bool) *fakeBroker {
+	t.Helper()
 	b := &fakeBroker{maxBytes: maxBytes, conns: make(chan *brokerConn, 16)}
-	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
+	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.serve))
+	if useTLS {
+		// Handshakes the tests make fail on purpose are not worth a line.
+		b.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		b.srv.StartTLS()
+	} else {
+		b.srv.Start()
+	}
 	b.url = b.srv.URL
 	t.Cleanup(func() {
 		b.srv.Close()

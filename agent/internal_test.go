@@ -50,3 +50,20 @@ func TestCompleteTextHoldsBackCutCharacters(t *testing.T) {
 	require.Equal(t, 1, charBoundary(s, 2))
 	require.True(t, utf8.Valid(s[:charBoundary(s, 3)]))
 }
+
+func TestCleartextRemote(t *testing.T) {
+	t.Parallel()
+	for target, want := range map[string]bool{
+		"ws://127.0.0.1:8420/ws/v1/client":        false,
+		"ws://127.3.2.1:8420/ws/v1/client":        false,
+		"ws://localhost:8420/ws/v1/client":        false,
+		"ws://[::1]:8420/ws/v1/client":            false,
+		"wss://broker.example.com/ws/v1/client":   false,
+		"wss://10.0.0.5:8443/ws/v1/client":        false,
+		"ws://10.0.0.5:8420/ws/v1/client":         true,
+		"ws://broker.example.com/ws/v1/client":    true,
+		"ws://127.0.0.1.nip.io:8420/ws/v1/client": true,
+	} {
+		require.Equal(t, want, cleartextRemote(target), target)
+	}
+}

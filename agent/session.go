@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,8 +100,8 @@ type session struct {
 	lastError *protocol.Error
 }
 
-func dial(ctx context.Context, target string, log *slog.Logger) (*session, error) {
-	conn, _, err := websocket.Dial(ctx, target, nil)
+func dial(ctx context.Context, target string, hc *http.Client, log *slog.Logger) (*session, error) {
+	conn, _, err := websocket.Dial(ctx, target, &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
 		return nil, fmt.Errorf("agent: dial %s: %w", target, err)
 	}

@@ -20,6 +20,7 @@ package remote
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +56,20 @@ func WithHTTPClient(hc *http.Client) Option {
 		if hc != nil {
 			c.hc = hc
 		}
+	}
+}
+
+// WithTLSConfig makes the Client connect to an https:// broker with tc,
+// such as one whose RootCAs trust a private CA or a self-signed
+// certificate. It replaces the HTTP client with one whose transport is
+// http.DefaultTransport's settings (proxies from the environment, HTTP/2)
+// with tc; give WithHTTPClient instead for more control. The later of the
+// two options wins.
+func WithTLSConfig(tc *tls.Config) Option {
+	return func(c *Client) {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = tc.Clone()
+		c.hc = &http.Client{Transport: t}
 	}
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,7 +15,8 @@ import (
 )
 
 type agentCmd struct {
-	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address."`
+	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
+	CAFile    string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
 	Key       string            `help:"A client key (or CHEETAH_KEY)."`
 	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
 	Name      string            `help:"A name shown to operators; default: the hostname."`
@@ -60,12 +63,36 @@ func (c *agentCmd) Run() error {
 			log.Warn("flush telemetry", "err", err)
 		}
 	}()
+	tc, err := caConfig(c.CAFile)
+	if err != nil {
+		return err
+	}
 	a := agent.New(agent.Config{
-		URL: c.URL, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
+		URL: c.URL, TLSConfig: tc, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
 		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))
 	log.Info("agent starting", "url", c.URL, "client_id", c.ClientID, "flows", c.Flows, "allow", c.Allow)
 	return a.Run(ctx)
+}
+
+// caConfig returns a TLS configuration that trusts the system's roots and
+// the certificates in file, or nil when file is empty.
+func caConfig(file string) (*tls.Config, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-file: %s holds no PEM certificate", file)
+	}
+	return &tls.Config{RootCAs: pool}, nil
 }

@@ -39,6 +39,8 @@ type serveCmd struct {
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
 	LogFormat        string        `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
+	TLSCert          string        `name:"tls-cert" and:"tls" type:"path" help:"PEM certificate (chain) file: serve HTTPS and wss:// on --listen; reloaded when it changes. Needs --tls-key."`
+	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
 }
 
 // shutdownGrace bounds what a graceful stop does after --shutdown-timeout:
@@ -59,6 +61,14 @@ func (c *serveCmd) Run() error {
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("--shutdown-timeout must not be negative")
+	}
+	// A certificate that does not load fails the start, before anything else.
+	var certs *server.CertReloader
+	if c.TLSCert != "" {
+		if certs, err = server.NewCertReloader(c.TLSCert, c.TLSKey, log); err != nil {
+			return err
+		}
+		defer certs.ReloadOnSIGHUP()()
 	}
 	// The first SIGTERM or SIGINT starts a graceful stop; a second one ends
 	// the process at once.
@@ -137,9 +147,19 @@ func (c *serveCmd) Run() error {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	go retention(ctx, b.Store, c.HistoryRetention, log)
 	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect(),
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+		httpSrv.TLSConfig = certs.TLSConfig()
+		go func() { errc <- httpSrv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { errc <- httpSrv.Serve(ln) }()
+	}
+	log.Info("cheetah serving", "listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),
 		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
+	if certs == nil && !loopback(c.Listen) {
+		log.Warn("serving plain HTTP beyond loopback: keys travel in clear unless a TLS proxy is in front; see --tls-cert")
+	}
 
 	select {
 	case err := <-errc:

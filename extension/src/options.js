@@ -3,7 +3,7 @@
 // reconnects.
 
 import { checkPoolSize } from './lib/pool.js';
-import { formatLabels, normalizeBrokerURL, parseLabels } from './lib/protocol.js';
+import { cleartextWarning, formatLabels, normalizeBrokerURL, parseLabels } from './lib/protocol.js';
 import { describeState } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
@@ -47,8 +47,9 @@ $('form').addEventListener('submit', async (ev) => {
   const clientKey = $('client-key').value.trim();
   let poolSize;
   let labels;
+  let warning;
   try {
-    normalizeBrokerURL(brokerUrl);
+    warning = cleartextWarning(normalizeBrokerURL(brokerUrl));
     if (clientKey === '') throw new Error('paste a client key');
     poolSize = checkPoolSize($('pool-size').value);
     labels = parseLabels($('labels').value);
@@ -63,7 +64,8 @@ $('form').addEventListener('submit', async (ev) => {
   // A change reconnects by itself; saving the same settings again is a
   // request to try now (after a refused key was fixed on the broker, say).
   if (same) await chrome.runtime.sendMessage({ type: 'reconnect' }).catch(() => {});
-  say('Saved.', true);
+  if (warning) say(`Saved, but ${warning}`, false);
+  else say('Saved.', true);
 });
 
 chrome.storage.session.onChanged.addListener((changes) => {

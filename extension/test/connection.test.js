@@ -238,3 +238,23 @@ test('waitUntil honours a delay chosen before a restart', () => {
   assert.equal(conn.state, 'waiting');
   assert.deepEqual(events.schedules, [{ delay: 7000, at: clock.now() + 7000 }]);
 });
+
+test('a wss:// connection that never opens says the certificate may be why', async () => {
+  const { conn } = setup({ getConfig: async () => ({ ...cfg, url: 'wss://broker.example.com/ws/v1/client' }) });
+  await conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.equal(conn.state, 'waiting');
+  assert.match(conn.status.detail, /TLS.*certificate this browser trusts/);
+
+  // Over ws://, or once a wss:// connection opened, the loss is just a loss.
+  const plain = setup();
+  await plain.conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.doesNotMatch(plain.conn.status.detail, /certificate/);
+  const opened = setup({ getConfig: async () => ({ ...cfg, url: 'wss://broker.example.com/ws/v1/client' }) });
+  await opened.conn.connect();
+  const ws = FakeWebSocket.instances.at(-1);
+  ws.open();
+  ws.serverClose(1006);
+  assert.doesNotMatch(opened.conn.status.detail, /certificate/);
+});

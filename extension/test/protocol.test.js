@@ -3,7 +3,7 @@ import { test } from 'node:test';
 
 import {
   CLOSE, CODES, closeReason, contextIdForTab, contextReport, encodeFrame, errorFrame, formatLabels,
-  frameFits, helloFrame, isPermanentClose, newClientId, normalizeBrokerURL, parseFrame, parseLabels,
+  cleartextWarning, frameFits, helloFrame, isPermanentClose, newClientId, normalizeBrokerURL, parseFrame, parseLabels,
   tabIdForContext, truncateUtf8, utf8Length, validId,
 } from '../src/lib/protocol.js';
 
@@ -16,6 +16,31 @@ test('normalizeBrokerURL accepts what people type', () => {
   assert.throws(() => normalizeBrokerURL(''), /empty/);
   assert.throws(() => normalizeBrokerURL('ftp://h'), /http, https, ws or wss/);
   assert.throws(() => normalizeBrokerURL('http://'), /not a URL/);
+});
+
+test('normalizeBrokerURL maps https to wss and keeps a proxy prefix, as the agent does', () => {
+  assert.equal(normalizeBrokerURL('https://broker.example.com'), 'wss://broker.example.com/ws/v1/client');
+  assert.equal(normalizeBrokerURL('HTTPS://Broker.Example.com:8443'), 'wss://broker.example.com:8443/ws/v1/client');
+  assert.equal(normalizeBrokerURL('https://proxy.example/cheetah'), 'wss://proxy.example/cheetah/ws/v1/client');
+  assert.equal(normalizeBrokerURL('https://proxy.example/cheetah/'), 'wss://proxy.example/cheetah/ws/v1/client');
+  assert.equal(normalizeBrokerURL('http://proxy.example/cheetah'), 'ws://proxy.example/cheetah/ws/v1/client');
+  assert.equal(normalizeBrokerURL('https://proxy.example/cheetah/ws/v1/client'), 'wss://proxy.example/cheetah/ws/v1/client');
+  assert.equal(normalizeBrokerURL('wss://broker.example.com'), 'wss://broker.example.com/ws/v1/client');
+  assert.equal(normalizeBrokerURL('wss://broker.example.com:8443/ws/v1/client'), 'wss://broker.example.com:8443/ws/v1/client');
+  assert.equal(normalizeBrokerURL('https://[::1]:8420'), 'wss://[::1]:8420/ws/v1/client');
+});
+
+test('cleartextWarning: a key sent over ws:// to another machine is flagged', () => {
+  for (const safe of [
+    'wss://broker.example.com/ws/v1/client', 'ws://127.0.0.1:8420/ws/v1/client', 'ws://127.8.9.10/ws/v1/client',
+    'ws://localhost:8420/ws/v1/client', 'ws://[::1]:8420/ws/v1/client', 'wss://10.0.0.5/ws/v1/client',
+  ]) {
+    assert.equal(cleartextWarning(safe), '', safe);
+  }
+  for (const typed of ['http://10.0.0.5:8420', 'broker.example.com:8420', 'ws://192.168.1.2/ws/v1/client', 'http://127.0.0.1.nip.io']) {
+    assert.match(cleartextWarning(normalizeBrokerURL(typed)), /in clear.*https:\/\//, typed);
+  }
+  assert.equal(cleartextWarning(normalizeBrokerURL('https://10.0.0.5:8420')), '');
 });
 
 test('hello carries the fields of DESIGN §4', () => {

@@ -105,6 +105,8 @@ export class Connection {
       return;
     }
     this.ws = ws;
+    this.url = cfg.url;
+    this.opened = false;
     this.welcomed = false;
     this.brokerError = null;
     this.setStatus('connecting', { url: cfg.url });
@@ -117,6 +119,7 @@ export class Connection {
 
     ws.onopen = () => {
       if (gen !== this.gen) return this.closeSocket(ws, 1000, 'stale');
+      this.opened = true;
       this.sendRaw(ws, helloFrame(cfg));
     };
     ws.onmessage = (ev) => {
@@ -209,7 +212,12 @@ export class Connection {
     this.welcomed = false;
     const err = this.brokerError;
     const effective = CLOSE_FOR_ERROR[err?.code] ?? code;
-    const detail = [closeReason(effective), err?.message].filter(Boolean).join(': ');
+    let detail = [closeReason(effective), err?.message].filter(Boolean).join(': ');
+    // A browser says nothing of why a wss:// connection never opened; a
+    // certificate it does not trust is the usual cause.
+    if (!this.opened && !err && code === 1006 && this.url?.startsWith('wss:')) {
+      detail += ' before it opened: is the broker serving TLS there, with a certificate this browser trusts?';
+    }
     if (isPermanentClose(effective)) {
       this.gen++; // nothing of this connection may act any more
       this.setStatus('halted', { detail, closeCode: effective });

@@ -98,10 +98,17 @@ export function newClientId(randomBytes) {
   return 'ext-' + Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
+/** The broker's client WebSocket path (DESIGN §4). */
+export const CLIENT_PATH = '/ws/v1/client';
+
 /**
  * normalizeBrokerURL turns what a person types into the client WebSocket URL:
- * "localhost:8420", "http://host:8420" and "ws://host:8420/ws/v1/client" all
- * work. It throws on anything that is not http(s) or ws(s).
+ * "localhost:8420", "http://host:8420", "https://broker.example" and
+ * "wss://host/ws/v1/client" all work. http maps to ws and https to wss (TLS).
+ * An http(s) URL is the broker's base, as `cheetah agent --url` takes it:
+ * a path on it is a prefix (a proxy that serves the broker under /cheetah)
+ * and /ws/v1/client is added unless it is there already. A ws(s) URL with a
+ * path is used as it is. It throws on anything that is not http(s) or ws(s).
  */
 export function normalizeBrokerURL(input) {
   let s = String(input ?? '').trim();
@@ -113,15 +120,39 @@ export function normalizeBrokerURL(input) {
   } catch {
     throw new Error(`"${input}" is not a URL`);
   }
+  let base = false;
   switch (u.protocol) {
-    case 'http:': u.protocol = 'ws:'; break;
-    case 'https:': u.protocol = 'wss:'; break;
+    case 'http:': u.protocol = 'ws:'; base = true; break;
+    case 'https:': u.protocol = 'wss:'; base = true; break;
     case 'ws:': case 'wss:': break;
     default: throw new Error(`the broker URL must start with http, https, ws or wss, not ${u.protocol}`);
   }
-  if (u.pathname === '' || u.pathname === '/') u.pathname = '/ws/v1/client';
+  if (u.hostname === '') throw new Error(`"${input}" has no host`);
+  if (u.pathname === '' || u.pathname === '/') {
+    u.pathname = CLIENT_PATH;
+  } else if (base && !u.pathname.endsWith(CLIENT_PATH)) {
+    u.pathname = u.pathname.replace(/\/+$/, '') + CLIENT_PATH;
+  }
   u.hash = '';
   return u.toString();
+}
+
+/**
+ * cleartextWarning says why a client WebSocket URL (as normalizeBrokerURL
+ * returns it) is unsafe: a ws:// URL to a host other than this machine
+ * sends the client key in clear. It returns '' for wss:// and for loopback.
+ */
+export function cleartextWarning(wsUrl) {
+  let u;
+  try {
+    u = new URL(wsUrl);
+  } catch {
+    return '';
+  }
+  if (u.protocol !== 'ws:') return '';
+  const host = u.hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  if (host === 'localhost' || host.endsWith('.localhost') || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host)) return '';
+  return `${u.host} is not this machine and the connection is not encrypted: the client key would travel in clear. Use https:// (or wss://) with a broker that serves TLS (cheetah serve --tls-cert) or a TLS proxy in front of it.`;
 }
 
 /** parseLabels reads "k=v" pairs separated by commas or new lines. */
