@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -179,4 +180,51 @@ func requireZero(t *testing.T, reg *registry.Registry) {
 	require.Zero(t, s.Preserving, "preserving")
 	require.Zero(t, s.Clients, "clients")
 	require.Zero(t, s.Contexts, "contexts")
+}
+
+// faultyStore is a history store whose epoch reservations can be made to
+// fail, or to block until released.
+type faultyStore struct {
+	*history.Store
+	mu       sync.Mutex
+	fail     bool
+	gate     chan struct{} // when not nil, ReserveEpochs waits for it to close
+	entered  chan struct{} // receives once per ReserveEpochs call that waits on gate
+	reserves int
+}
+
+func (s *faultyStore) ReserveEpochs(ctx context.Context, n int64) (int64, error) {
+	s.mu.Lock()
+	s.reserves++
+	fail, gate, entered := s.fail, s.gate, s.entered
+	s.mu.Unlock()
+	if gate != nil {
+		if entered != nil {
+			entered <- struct{}{}
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	if fail {
+		return 0, errors.New("the database does not answer")
+	}
+	return s.Store.ReserveEpochs(ctx, n)
+}
+
+func (s *faultyStore) setFail(v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = v
+}
+
+// setupFaulty is setup over a faultyStore.
+func setupFaulty(t *testing.T, tweak ...func(*registry.Config)) (*env, *faultyStore) {
+	t.Helper()
+	fs := &faultyStore{Store: historytest.NewSQLite(t)}
+	e := setup(t, append([]func(*registry.Config){func(c *registry.Config) { c.Store = fs }}, tweak...)...)
+	e.store = fs.Store
+	return e, fs
 }

@@ -119,6 +119,8 @@ func (w *wctx) state() string {
 
 // refreshIdle puts w in or out of its pool's idle list to match its state,
 // handing a newly idle context to the first matching waiter; r.mu is held.
+// When that hand-over fails, the waiter gets the error and w still goes on
+// the idle list.
 func (r *Registry) refreshIdle(w *wctx) {
 	p := w.client.pool
 	if !w.idle() {
@@ -139,7 +141,13 @@ func (r *Registry) refreshIdle(w *wctx) {
 			wt.elem = nil
 			l, err := r.assign(w, &wt.req, wt.token, now, wt.sc)
 			wt.ch <- acquireResult{lease: l, err: err}
-			return
+			if err == nil {
+				return
+			}
+			// The waiter learns why (no epoch could be issued), and the
+			// context is not stranded: it goes on the idle list below, where
+			// a later acquire finds it.
+			break
 		}
 	}
 	lst := p.idle[w.client.typ]
