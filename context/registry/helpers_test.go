@@ -228,3 +228,49 @@ func setupFaulty(t *testing.T, tweak ...func(*registry.Config)) (*env, *faultySt
 	e.store = fs.Store
 	return e, fs
 }
+
+// holdingStore is a history store whose WriteAsync callbacks are held, once
+// hold is set, until release: as if the store took its time to commit.
+type holdingStore struct {
+	*history.Store
+	mu   sync.Mutex
+	hold bool
+	held []func()
+}
+
+func (s *holdingStore) WriteAsync(done func(error), ops ...history.Op) {
+	s.Store.WriteAsync(func(err error) {
+		s.mu.Lock()
+		if s.hold {
+			s.held = append(s.held, func() {
+				if done != nil {
+					done(err)
+				}
+			})
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if done != nil {
+			done(err)
+		}
+	}, ops...)
+}
+
+// setHold holds callbacks from now on; release runs those held.
+func (s *holdingStore) setHold(v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = v
+}
+
+func (s *holdingStore) release() int {
+	s.mu.Lock()
+	held := s.held
+	s.held, s.hold = nil, false
+	s.mu.Unlock()
+	for _, f := range held {
+		f()
+	}
+	return len(held)
+}

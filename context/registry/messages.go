@@ -62,20 +62,20 @@ func (r *Registry) onLive(c *command, msg cheetah.Message, bytes []byte) {
 	switch msg.Kind {
 	case cheetah.KindAck:
 		if c.acked {
-			r.store.WriteAsync(nil, app)
+			r.write(nil, app)
 			return
 		}
 		c.acked = true
 		if c.traced {
 			c.wallAcked = time.Now().UnixNano()
 		}
-		r.store.WriteAsync(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
+		r.write(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	case cheetah.KindResult:
-		r.end(c, cheetah.StatusCompleted, nil, &app)
+		r.endCommand(c, cheetah.StatusCompleted, nil, &app)
 	case cheetah.KindError:
-		r.end(c, cheetah.StatusFailed, &cheetah.ErrorInfo{Code: msg.Code, Message: msg.Message, Data: msg.Data}, &app)
+		r.endCommand(c, cheetah.StatusFailed, &cheetah.ErrorInfo{Code: msg.Code, Message: msg.Message, Data: msg.Data}, &app)
 	default:
-		r.store.WriteAsync(nil, app)
+		r.write(nil, app)
 	}
 }
 
@@ -89,7 +89,11 @@ func (r *Registry) onFinished(a *Attachment, id string, fin finishedCommand, msg
 	if msg.Kind == cheetah.KindAck && !msg.Late {
 		ops = append(ops, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	}
-	r.store.WriteAsync(nil, ops...)
+	// Through the outbox, so that it follows what was decided about the
+	// command before (its terminal message among them).
+	r.mu.Lock()
+	r.write(nil, ops...)
+	r.mu.Unlock()
 	if terminal && (fin.status == cheetah.StatusCompleted || fin.status == cheetah.StatusFailed) {
 		a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeDuplicateTerminal, Message: "the command already has a terminal message"})
 	}

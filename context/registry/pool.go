@@ -34,9 +34,12 @@ type client struct {
 	conn      Conn // nil while disconnected
 	// reported is false from a (re)connect until the first state report:
 	// until then no context of the client is live.
-	reported    bool
-	contexts    map[string]*wctx
-	grace       clockwork.Timer // ends the client when it does not come back
+	reported bool
+	contexts map[string]*wctx
+	grace    clockwork.Timer // ends the client when it does not come back
+	// dispatched holds the client's commands dispatched and not yet ended,
+	// so that a disconnect visits only them.
+	dispatched  map[*command]struct{}
 	connectedAt time.Time
 }
 

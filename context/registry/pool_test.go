@@ -47,6 +47,7 @@ func TestFailedHandOverKeepsContextIdle(t *testing.T) {
 	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "the waiter is told why")
 
 	fs.setFail(false)
+	require.NoError(t, e.reg.ReserveEpochs(ctx))
 	avail, err := e.reg.ListAvailable(ctx, user, cheetah.Console)
 	require.NoError(t, err)
 	require.Len(t, avail, 1, "the context is idle again, not stranded")
