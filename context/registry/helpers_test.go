@@ -274,3 +274,22 @@ func (s *holdingStore) release() int {
 	}
 	return len(held)
 }
+
+// blockingWrites is a history store whose WriteAsync blocks until gate is
+// closed, as the writer's does while its queue is full.
+type blockingWrites struct {
+	*history.Store
+	gate    chan struct{}
+	entered chan struct{} // receives once when a WriteAsync first blocks
+	once    sync.Once
+}
+
+func (s *blockingWrites) WriteAsync(done func(error), ops ...history.Op) {
+	select {
+	case <-s.gate:
+	default:
+		s.once.Do(func() { close(s.entered) })
+		<-s.gate
+	}
+	s.Store.WriteAsync(done, ops...)
+}
