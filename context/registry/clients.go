@@ -117,12 +117,12 @@ func (r *Registry) Disconnect(a *Attachment) {
 }
 
 // disconnect detaches c's connection and starts its reconnect grace, or
-// forgets c when it has no contexts; r.mu is held.
+// drops c when it has no contexts; r.mu is held.
 func (r *Registry) disconnect(c *client) {
 	r.detach(c)
 	r.emit(clientEvent(ClientDisconnected, c))
 	if len(c.contexts) == 0 {
-		r.forgetClient(c)
+		r.dropClient(c)
 		return
 	}
 	if c.grace == nil {
@@ -165,7 +165,7 @@ func (r *Registry) startGrace(c *client) {
 		// not come back with its contexts in time: they are gone.
 		r.dropContexts(c)
 		if c.conn == nil {
-			r.forgetClient(c)
+			r.dropClient(c)
 		}
 	})
 }
@@ -203,9 +203,9 @@ func (r *Registry) dropContext(w *wctx) {
 	w.queue = kept
 }
 
-// forgetClient removes a client with no connection and no contexts; r.mu
+// dropClient removes a client with no connection and no contexts; r.mu
 // is held.
-func (r *Registry) forgetClient(c *client) {
+func (r *Registry) dropClient(c *client) {
 	if c.grace != nil {
 		c.grace.Stop()
 		c.grace = nil

@@ -68,9 +68,9 @@ type outcome struct {
 	err error
 }
 
-// finishedCommand is what the registry remembers of a command that ended or
+// endedCommand is what the registry remembers of a command that ended or
 // that nobody tracks any more (response mode none), to place late messages.
-type finishedCommand struct {
+type endedCommand struct {
 	user, client string
 	status       cheetah.Status
 	mode         cheetah.ResponseMode
@@ -464,7 +464,7 @@ func (r *Registry) flushQueue(w *wctx) {
 // what it is in history.
 func (r *Registry) untrackNone(c *command, now time.Time) {
 	r.untrack(c)
-	r.finished.put(c.rec.CommandID, finishedCommand{user: c.user, client: c.client, status: c.rec.Status, mode: cheetah.ModeNone}, now)
+	r.endedCommands.put(c.rec.CommandID, endedCommand{user: c.user, client: c.client, status: c.rec.Status, mode: cheetah.ModeNone}, now)
 	c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: c.rec.Status}
 	c.endedAt = now
 	if c.traced {
@@ -494,7 +494,7 @@ func (r *Registry) endCommand(c *command, status cheetah.Status, e *cheetah.Erro
 		c.wallEnded = time.Now().UnixNano()
 	}
 	now := r.clock.Now()
-	r.finished.put(id, finishedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
+	r.endedCommands.put(id, endedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
 	ops := make([]history.Op, 0, 2)
 	if msg != nil {
 		ops = append(ops, *msg)

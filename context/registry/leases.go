@@ -255,7 +255,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev := leaseEvent(LeaseEnded, l)
 	ev.Reason = reason
 	r.emit(ev)
-	r.ended.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
+	r.endedLeases.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
@@ -305,7 +305,7 @@ func sameHolder(l *lease, h cheetah.Lease) bool {
 // lostReason describes, for a token that carries no active lease, its
 // context as it is now: first match wins; r.mu is held.
 func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
-	e, ok := r.ended.get(key)
+	e, ok := r.endedLeases.get(key)
 	if !ok {
 		return cheetah.LostUnknownLease
 	}

@@ -32,7 +32,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 		r.mu.Unlock()
 		return
 	}
-	fin, known := r.finished.get(id)
+	fin, known := r.endedCommands.get(id)
 	r.mu.Unlock()
 	if !known {
 		// Older than the registry remembers: the store knows.
@@ -44,7 +44,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 			a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeUnknownCommand, Message: "no such command was dispatched to this client"})
 			return
 		}
-		fin = finishedCommand{user: ref.UserID, client: ref.ClientID, status: ref.Status, mode: ref.ResponseMode}
+		fin = endedCommand{user: ref.UserID, client: ref.ClientID, status: ref.Status, mode: ref.ResponseMode}
 		// A command that was never dispatched went to no client.
 		known = fin.status != cheetah.StatusAdmitted
 	}
@@ -52,7 +52,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 		a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeUnknownCommand, Message: "no such command was dispatched to this client"})
 		return
 	}
-	r.onFinished(a, id, fin, msg, bytes)
+	r.onEnded(a, id, fin, msg, bytes)
 }
 
 // onLive handles a message about a command in flight; r.mu is held.
@@ -79,10 +79,10 @@ func (r *Registry) onLive(c *command, msg cheetah.Message, bytes []byte) {
 	}
 }
 
-// onFinished handles a message about a command that already ended (or is
+// onEnded handles a message about a command that already ended (or is
 // not tracked, response mode none): it is recorded, late when the command's
 // status is terminal.
-func (r *Registry) onFinished(a *Attachment, id string, fin finishedCommand, msg cheetah.Message, bytes []byte) {
+func (r *Registry) onEnded(a *Attachment, id string, fin endedCommand, msg cheetah.Message, bytes []byte) {
 	terminal := msg.Kind == cheetah.KindResult || msg.Kind == cheetah.KindError
 	msg.Late = fin.status.Terminal()
 	ops := []history.Op{history.AppendMessage{CommandID: id, Msg: msg, Bytes: bytes}}

@@ -72,7 +72,7 @@ func (r *Registry) poolFor(userID string) *pool {
 	return p
 }
 
-// dropPoolIfEmpty forgets a user with nothing left, so bookkeeping returns to
+// dropPoolIfEmpty drops a user with nothing left, so bookkeeping returns to
 // zero when every client is gone.
 func (r *Registry) dropPoolIfEmpty(p *pool) {
 	if len(p.clients) == 0 && p.waiters.Len() == 0 {

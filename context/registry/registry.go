@@ -144,17 +144,17 @@ type Registry struct {
 	log   *slog.Logger
 	tel   *telemetry
 
-	mu       sync.Mutex
-	users    map[string]*pool
-	leases   map[tokenKey]*lease         // active leases by token digest
-	heap     leaseHeap                   // active leases that may expire, by deadline
-	ended    *memo[tokenKey, endedLease] // how recent leases ended, by token digest
-	commands map[string]*command
+	mu          sync.Mutex
+	users       map[string]*pool
+	leases      map[tokenKey]*lease         // active leases by token digest
+	heap        leaseHeap                   // active leases that may expire, by deadline
+	endedLeases *memo[tokenKey, endedLease] // how recent leases ended, by token digest
+	commands    map[string]*command
 	// ending holds the commands that ended and whose end is not durable yet.
-	ending   map[*command]struct{}
-	finished *memo[string, finishedCommand] // recently ended commands, for late messages
-	epochs   epochRange
-	closed   bool
+	ending        map[*command]struct{}
+	endedCommands *memo[string, endedCommand] // recently ended commands, for late messages
+	epochs        epochRange
+	closed        bool
 	// draining is set by Drain: no new acquire or send is admitted.
 	// interrupting is set by Interrupt: a command whose record becomes
 	// durable ends interrupted instead of being dispatched. idle is closed
@@ -185,19 +185,19 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("registry: new: a store is required")
 	}
 	r := &Registry{
-		cfg:      cfg,
-		clock:    cfg.Clock,
-		store:    cfg.Store,
-		log:      cfg.Log,
-		users:    map[string]*pool{},
-		leases:   map[tokenKey]*lease{},
-		ended:    newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
-		commands: map[string]*command{},
-		ending:   map[*command]struct{}{},
-		finished: newMemo[string, finishedCommand](cfg.EndedMemory, cfg.EndedMax),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		cfg:           cfg,
+		clock:         cfg.Clock,
+		store:         cfg.Store,
+		log:           cfg.Log,
+		users:         map[string]*pool{},
+		leases:        map[tokenKey]*lease{},
+		endedLeases:   newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		commands:      map[string]*command{},
+		ending:        map[*command]struct{}{},
+		endedCommands: newMemo[string, endedCommand](cfg.EndedMemory, cfg.EndedMax),
+		kick:          make(chan struct{}, 1),
+		stop:          make(chan struct{}),
+		done:          make(chan struct{}),
 	}
 	r.after.outKick = make(chan struct{}, 1)
 	r.after.notifKick = make(chan struct{}, 1)
@@ -310,7 +310,7 @@ func (r *Registry) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{Leases: len(r.leases), Heap: len(r.heap), Commands: len(r.commands),
-		Ended: r.ended.len(), Finished: r.finished.len()}
+		Ended: r.endedLeases.len(), Finished: r.endedCommands.len()}
 	for _, p := range r.users {
 		s.Clients += len(p.clients)
 		s.Waiters += p.waiters.Len()
@@ -334,8 +334,8 @@ func (r *Registry) PruneMemory() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.clock.Now()
-	r.ended.prune(now)
-	r.finished.prune(now)
+	r.endedLeases.prune(now)
+	r.endedCommands.prune(now)
 }
 
 // tokenKey is how the registry knows a lease: the SHA-256 of its token. A
