@@ -303,7 +303,6 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 	w.queue = append(w.queue, c)
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
-	r.emit(r.commandEvent(CommandAdmitted, c))
 	if c.traced {
 		span.SetAttributes(spanUserID.String(c.rec.UserID), spanClientID.String(c.rec.ClientID),
 			spanContextID.String(c.rec.ContextID), spanTaskID.String(c.rec.TaskID), spanEpoch.Int64(c.rec.Epoch))
@@ -351,10 +350,8 @@ func (r *Registry) dispatchCommand(ctx context.Context, c *command, werr error) 
 		r.unpreserve(c, false)
 		r.removeQueued(c)
 		if r.commands[c.rec.CommandID] == c {
+			// Never announced: its id was revealed to nobody.
 			r.untrack(c)
-			c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusAdmitted}
-			c.endedAt = r.clock.Now()
-			r.emitEnded(c, false)
 		}
 		r.flushQueue(c.ctx)
 		err := cheetah.StoreUnavailable("registry: record command", werr)
@@ -368,6 +365,9 @@ func (r *Registry) dispatchCommand(ctx context.Context, c *command, werr error) 
 		return nil
 	}
 	c.spans.dispatch = dispatch
+	// Announced only now: anything that reveals a command id waits for its
+	// record's commit (invariant 9).
+	r.emit(r.commandEvent(CommandAdmitted, c))
 	if r.interrupting {
 		// Interrupt came while the record was being written: it ends now
 		// that it is durable.

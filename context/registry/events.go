@@ -22,10 +22,11 @@ const (
 	// LeaseEnded: a lease ended; Reason says how (released, expired,
 	// revoked, context_gone).
 	LeaseEnded EventKind = "lease.ended"
-	// CommandAdmitted: a command passed the ownership check and took its
-	// place in its context's FIFO (CommandID, CommandName, the lease's ids,
-	// HasCallback). Its record is not durable yet; a command whose record
-	// cannot be written ends (CommandEnded, not Durable) right after.
+	// CommandAdmitted: a command admitted on a lease (CommandID,
+	// CommandName, the lease's ids, HasCallback, AdmittedAt) has its record
+	// durable. It is emitted then, not at admission, because nothing may
+	// reveal a command id before its record is committed (invariant 9); a
+	// command whose record could not be written is never announced.
 	CommandAdmitted EventKind = "command.admitted"
 	// CommandDispatched: the command frame was handed to the client's
 	// connection.
@@ -35,8 +36,8 @@ const (
 	// which has no end), Error why it failed, Terminal the kind of the
 	// client's terminal message when one ended it. It is emitted once the
 	// terminal status was committed to the store (Durable), or once writing
-	// it failed or was never attempted (the record could not be written, the
-	// registry closed, response mode none): then Durable is false.
+	// it failed or was never attempted (the registry closed, response mode
+	// none): then Durable is false. Every announced command ends once.
 	CommandEnded EventKind = "command.ended"
 	// ClientConnected: a client's connection was attached (ClientID,
 	// ClientType, SessionID), replacing an older one if any.

@@ -71,10 +71,13 @@ func TestEventStream(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	// The subscriber reads history when it hears of an end: it is there.
-	var readErr error
+	var readErr, admittedErr error
 	var readStatus cheetah.Status
 	log := subscribe(t, e.reg, func(ev registry.Event) {
-		if ev.Kind == registry.CommandEnded {
+		switch ev.Kind {
+		case registry.CommandAdmitted:
+			_, admittedErr = e.store.Get(ctx, user, ev.CommandID)
+		case registry.CommandEnded:
 			rec, err := e.store.Get(ctx, user, ev.CommandID)
 			readErr, readStatus = err, rec.Status
 		}
@@ -128,6 +131,7 @@ func TestEventStream(t *testing.T) {
 	require.Equal(t, cheetah.KindError, ended.Terminal)
 	require.True(t, ended.HasCallback)
 	require.True(t, ended.Durable)
+	require.NoError(t, admittedErr, "a command is announced once its record is durable")
 	require.NoError(t, readErr)
 	require.Equal(t, cheetah.StatusFailed, readStatus, "the end is durable when it is announced")
 	require.Equal(t, cheetah.LostReleased, leaseEnd.Reason)

@@ -277,7 +277,10 @@ func (r *Registry) Close() {
 			c.resolved <- outcome{res: c.res}
 		}
 		r.untrack(c)
-		r.emitEnded(c, false)
+		if c.durable {
+			// One whose record is still being written was never announced.
+			r.emitEnded(c, false)
+		}
 		r.endSpansLater(c, cheetah.StatusInterrupted, e, "")
 	}
 	// Ended, and the end not durable yet: the store may still answer (the
