@@ -53,6 +53,7 @@ type afterLock struct {
 	outKick   chan struct{}
 
 	events    []Event   // r.mu
+	delivered []Event   // r.mu; the buffer notifyOnce delivers from
 	spanEnds  []spanEnd // r.mu
 	seq       uint64    // r.mu
 	evClosed  bool      // r.mu; the notifier has stopped
@@ -237,8 +238,11 @@ func (r *Registry) notifyOnce(stopping bool) bool {
 	for _, d := range ends {
 		r.endDurable(d.c, d.err)
 	}
+	// Two buffers take turns: the queue fills one while this round
+	// delivers from the other.
 	events, spans := a.events, a.spanEnds
-	a.events, a.spanEnds = nil, nil
+	a.events, a.delivered = a.delivered[:0], events
+	a.spanEnds = nil
 	if stopping && len(ends) == 0 && len(events) == 0 && len(spans) == 0 {
 		a.evClosed = true
 	}
@@ -247,6 +251,7 @@ func (r *Registry) notifyOnce(stopping bool) bool {
 	for i := range events {
 		r.deliver(&events[i])
 	}
+	clear(events)
 	for _, s := range spans {
 		r.tel.endSpans(s.c, s.status, s.e, s.terminal)
 	}
