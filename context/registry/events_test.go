@@ -187,3 +187,25 @@ func TestEventsOrderedAcrossGoroutines(t *testing.T) {
 		require.Zero(t, h, "%s still held", ctxID)
 	}
 }
+
+// A cancelled subscription hears nothing more; the others go on.
+func TestSubscribeCancel(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var mu sync.Mutex
+	var heard []registry.EventKind
+	cancel := e.reg.Subscribe(func(ev registry.Event) {
+		mu.Lock()
+		heard = append(heard, ev.Kind)
+		mu.Unlock()
+	})
+	other := subscribe(t, e.reg, nil)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	other.waitFor(t, kindIs(registry.ClientConnected))
+	cancel()
+	e.reg.Disconnect(c.att)
+	other.waitFor(t, kindIs(registry.ClientDisconnected))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []registry.EventKind{registry.ClientConnected}, heard)
+}
