@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -258,12 +259,32 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease, wait bool) error {
 	_, span := r.tel.tracer.Start(ctx, "cheetah.admit")
 	defer span.End()
-	refuse := func(err error, why string) error {
+	l, err := r.admitLocked(c, h, wait)
+	if err != nil {
 		if c.traced {
+			why := "refused"
+			if errors.Is(err, cheetah.ErrOverloaded) && err != errShuttingDown {
+				why = "overloaded"
+			}
 			span.SetStatus(codes.Error, why)
 		}
 		return err
 	}
+	if c.traced {
+		// Off the lock: c.rec is read by nobody else until it is durable.
+		span.SetAttributes(spanUserID.String(c.rec.UserID), spanClientID.String(c.rec.ClientID),
+			spanContextID.String(c.rec.ContextID), spanTaskID.String(c.rec.TaskID), spanEpoch.Int64(c.rec.Epoch))
+		if l.acquired.IsValid() {
+			// The lease's acquire is another trace (or another part of the
+			// caller's): the command links to it.
+			c.spans.cmd.AddLink(trace.Link{SpanContext: l.acquired})
+		}
+	}
+	return nil
+}
+
+// admitLocked is admitCommand's critical section.
+func (r *Registry) admitLocked(c *command, h cheetah.Lease, wait bool) (*lease, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l, err := r.check(h)
@@ -271,11 +292,11 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 		err = errShuttingDown
 	}
 	if err != nil {
-		return refuse(err, "refused")
+		return nil, err
 	}
 	w := l.ctx
 	if r.cfg.MaxInFlightPerContext > 0 && w.inflight >= r.cfg.MaxInFlightPerContext {
-		return refuse(&cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}, "overloaded")
+		return nil, &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
 	}
 	now := r.clock.Now()
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
@@ -303,16 +324,7 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 	w.queue = append(w.queue, c)
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
-	if c.traced {
-		span.SetAttributes(spanUserID.String(c.rec.UserID), spanClientID.String(c.rec.ClientID),
-			spanContextID.String(c.rec.ContextID), spanTaskID.String(c.rec.TaskID), spanEpoch.Int64(c.rec.Epoch))
-		if l.acquired.IsValid() {
-			// The lease's acquire is another trace (or another part of the
-			// caller's): the command links to it.
-			c.spans.cmd.AddLink(trace.Link{SpanContext: l.acquired})
-		}
-	}
-	return nil
+	return l, nil
 }
 
 // recordCommand is admission's second phase, outside the lock: the
