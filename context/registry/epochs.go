@@ -110,38 +110,40 @@ func (r *Registry) refillEpochs() {
 }
 
 // ReserveEpochs makes sure a block of epochs is at hand: it waits for the
-// reservation under way, if any, or starts one when the block is empty, and
-// fails with store_unavailable when no epoch can be issued after it. An
-// acquire never waits for the store; this is for whoever would rather wait
-// (a test, a start after an outage).
+// reservation under way, if any, and when the block is still empty starts
+// one of its own and waits for it; it fails with store_unavailable when
+// that one could not reserve. An acquire never waits for the store; this is
+// for whoever would rather wait (a test, a start after an outage).
 func (r *Registry) ReserveEpochs(ctx context.Context) error {
-	r.mu.Lock()
 	e := &r.epochs
-	if e.refill == nil && e.next < e.limit {
-		r.mu.Unlock()
-		return nil
-	}
-	if e.refill == nil {
-		r.refillEpochs()
-	}
-	done := e.refill
-	r.mu.Unlock()
-	if done == nil {
-		return errShuttingDown
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return cheetah.StoreUnavailable("registry: reserve epochs", ctx.Err())
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e.next >= e.limit {
-		why := e.err
-		if why == nil {
-			why = errNoEpochs
+	started := false
+	for {
+		r.mu.Lock()
+		if e.refill == nil && e.next < e.limit {
+			r.mu.Unlock()
+			return nil
 		}
-		return cheetah.StoreUnavailable("registry: reserve epochs", why)
+		if e.refill == nil {
+			if started {
+				why := e.err
+				if why == nil {
+					why = errNoEpochs
+				}
+				r.mu.Unlock()
+				return cheetah.StoreUnavailable("registry: reserve epochs", why)
+			}
+			r.refillEpochs()
+			started = true
+		}
+		done := e.refill
+		r.mu.Unlock()
+		if done == nil {
+			return errShuttingDown
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return cheetah.StoreUnavailable("registry: reserve epochs", ctx.Err())
+		}
 	}
-	return nil
 }
