@@ -16,16 +16,46 @@ import (
 // API of a remote one. Applications do not call it; they use Manager and
 // Handle, which are the same whichever backend is behind them.
 type Backend interface {
+	// Acquire assigns an idle context matching req (user, client type,
+	// optional client id and labels) to req.TaskID, the one idle the
+	// longest, and returns its handle with a new epoch and lease token.
+	// With req.Wait it waits, first come first served, for a context to
+	// become idle. When nothing can be assigned it fails with a
+	// *NoContextError (no_context_available and its reason); while the
+	// history store does not answer, with store_unavailable.
 	Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
+	// Send checks that lease still holds its context (lease_lost and a
+	// reason otherwise), renews it on use, admits cmd in the context's
+	// order and returns once the command's record is durable. Nobody waits
+	// for the command's end; its messages are read from history.
 	Send(ctx context.Context, lease Lease, cmd Command, opts SendOptions) (Sent, error)
+	// SendAndWait admits cmd as Send does and waits for its resolution,
+	// which it returns once the terminal status is durable. While it waits
+	// the lease cannot expire; when ctx ends first, the command ends
+	// cancelled and ctx's error is returned.
 	SendAndWait(ctx context.Context, lease Lease, cmd Command, opts SendOptions) (Resolution, error)
-	// Renew extends the lease; ttl zero keeps the lease's own TTL.
+	// Renew extends the lease from now, after the same ownership check as
+	// a send; ttl zero keeps the lease's own TTL.
 	Renew(ctx context.Context, lease Lease, ttl time.Duration) (Lease, error)
+	// Release clears the lease when its context still carries it, live or
+	// not, and reports whether it did. It never fails with lease_lost, and
+	// releasing twice is not an error.
 	Release(ctx context.Context, lease Lease) (bool, error)
+	// ReleaseAll releases every lease named by its token and returns how
+	// many it cleared.
 	ReleaseAll(ctx context.Context, tokens []string) (int, error)
+	// ListAvailable returns the user's idle contexts of clientType (both
+	// types when empty), in selection order: the one idle the longest
+	// first.
 	ListAvailable(ctx context.Context, userID string, clientType ClientType) ([]ContextSnapshot, error)
+	// TaskContexts returns the active leases of a task, without their
+	// tokens, ordered by epoch.
 	TaskContexts(ctx context.Context, userID, taskID string) ([]Lease, error)
+	// ReadCommand reads one command of the user from history, with every
+	// message that came back for it; another user's command is not found.
 	ReadCommand(ctx context.Context, userID, commandID string) (CommandRecord, error)
+	// ListCommands pages through the user's commands, newest first,
+	// without their messages.
 	ListCommands(ctx context.Context, userID string, q ListQuery) (CommandPage, error)
 }
 

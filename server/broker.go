@@ -132,7 +132,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		return nil, err
 	}
 	reg, err := registry.New(ctx, registry.Config{
-		Clock: o.Clock, Store: hooks.Tap(store), Log: o.Log, DefaultTTL: o.DefaultTTL,
+		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL,
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
 		MaxInFlightPerContext: o.MaxInFlightPerContext, TracerProvider: tp, MeterProvider: mp,
 	})
@@ -141,6 +141,8 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		store.Close()
 		return nil, err
 	}
+	// The worker wakes when a command with a callback ends durably here.
+	reg.Subscribe(hooks.Observe)
 	srv, err := New(Config{
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,

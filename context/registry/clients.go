@@ -37,7 +37,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	p := r.poolFor(info.UserID)
 	c := p.clients[info.ClientID]
 	if c == nil {
-		c = &client{pool: p, id: info.ClientID, contexts: map[string]*wctx{}}
+		c = &client{pool: p, id: info.ClientID, contexts: map[string]*wctx{}, dispatched: map[*command]struct{}{}}
 		p.clients[info.ClientID] = c
 	} else if c.conn != nil {
 		old := c.conn
@@ -57,6 +57,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	if c.grace == nil && len(c.contexts) > 0 {
 		r.startGrace(c)
 	}
+	r.emit(clientEvent(ClientConnected, c))
 	return &Attachment{c: c, conn: conn, sessionID: info.SessionID}
 }
 
@@ -116,11 +117,12 @@ func (r *Registry) Disconnect(a *Attachment) {
 }
 
 // disconnect detaches c's connection and starts its reconnect grace, or
-// forgets c when it has no contexts; r.mu is held.
+// drops c when it has no contexts; r.mu is held.
 func (r *Registry) disconnect(c *client) {
 	r.detach(c)
+	r.emit(clientEvent(ClientDisconnected, c))
 	if len(c.contexts) == 0 {
-		r.forgetClient(c)
+		r.dropClient(c)
 		return
 	}
 	if c.grace == nil {
@@ -137,10 +139,16 @@ func (r *Registry) detach(c *client) {
 		w.live = false
 		r.refreshIdle(w)
 	}
-	for _, cmd := range r.commands {
-		if cmd.conn == conn && cmd.dispatched {
-			r.finish(cmd, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client's connection dropped"})
+	// Only this client's dispatched commands are visited, not every
+	// command in flight.
+	var gone []*command
+	for cmd := range c.dispatched {
+		if cmd.conn == conn {
+			gone = append(gone, cmd)
 		}
+	}
+	for _, cmd := range gone {
+		r.endCommand(cmd, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client's connection dropped"}, nil)
 	}
 	for _, w := range c.contexts {
 		r.flushQueue(w)
@@ -148,9 +156,7 @@ func (r *Registry) detach(c *client) {
 }
 
 func (r *Registry) startGrace(c *client) {
-	c.grace = r.clock.AfterFunc(r.cfg.ReconnectGrace, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
+	c.grace = r.afterFunc(r.cfg.ReconnectGrace, func() {
 		if c.grace == nil || c.reported {
 			return
 		}
@@ -159,7 +165,7 @@ func (r *Registry) startGrace(c *client) {
 		// not come back with its contexts in time: they are gone.
 		r.dropContexts(c)
 		if c.conn == nil {
-			r.forgetClient(c)
+			r.dropClient(c)
 		}
 	})
 }
@@ -197,8 +203,9 @@ func (r *Registry) dropContext(w *wctx) {
 	w.queue = kept
 }
 
-// forgetClient removes a client with no connection and no contexts.
-func (r *Registry) forgetClient(c *client) {
+// dropClient removes a client with no connection and no contexts; r.mu
+// is held.
+func (r *Registry) dropClient(c *client) {
 	if c.grace != nil {
 		c.grace.Stop()
 		c.grace = nil
@@ -206,6 +213,7 @@ func (r *Registry) forgetClient(c *client) {
 	p := c.pool
 	if p.clients[c.id] == c {
 		delete(p.clients, c.id)
+		r.emit(clientEvent(ClientGone, c))
 	}
 	r.dropPoolIfEmpty(p)
 }

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -28,9 +29,20 @@ type command struct {
 	user   string
 	client string
 
+	// dispatchedTo is the client it was dispatched to, whose dispatched
+	// set holds it until it ends.
+	dispatchedTo *client
+	hasCallback  bool // sent with a callback URL
+
 	durable    bool
 	dispatched bool
 	acked      bool
+	// ending is set from the command's end until its terminal status came
+	// back from the store; res, terminal and endedAt describe that end.
+	ending   bool
+	res      cheetah.Resolution
+	terminal cheetah.MessageKind
+	endedAt  time.Time
 	// preserving is set while a waiting caller holds the lease through this
 	// command (invariant 5).
 	preserving bool
@@ -57,9 +69,9 @@ type outcome struct {
 	err error
 }
 
-// finishedCommand is what the registry remembers of a command that ended or
+// endedCommand is what the registry remembers of a command that ended or
 // that nobody tracks any more (response mode none), to place late messages.
-type finishedCommand struct {
+type endedCommand struct {
 	user, client string
 	status       cheetah.Status
 	mode         cheetah.ResponseMode
@@ -105,7 +117,7 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 		if c.dispatched {
 			c.conn.Send(&protocol.Cancel{CommandID: c.rec.CommandID, Reason: "caller cancelled"})
 		}
-		r.finish(c, cheetah.StatusCancelled, &cheetah.ErrorInfo{Code: "cancelled", Message: "the caller went away"})
+		r.endCommand(c, cheetah.StatusCancelled, &cheetah.ErrorInfo{Code: "cancelled", Message: "the caller went away"}, nil)
 	}
 	r.mu.Unlock()
 	// The caller is gone; the resolution is still made durable and then
@@ -203,9 +215,10 @@ func objectOrNull(field string, v json.RawMessage) error {
 	return nil
 }
 
-// admit checks ownership and takes the command's place in its context's
-// FIFO in one step under the lock, records it durably, then dispatches the
-// durable prefix of the FIFO.
+// admit runs a send in three phases: admitCommand checks ownership and
+// takes the command's place in its context's FIFO under the lock,
+// recordCommand writes its record durably outside it, and dispatchCommand
+// dispatches the durable prefix of the FIFO under the lock again.
 //
 // The command's trace starts here: a command span from admission to the
 // terminal status, with an admission span (the ownership check and the
@@ -219,34 +232,71 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 		return nil, err
 	}
 	c.spans, c.traced = spans, spans.cmd.IsRecording()
+	c.hasCallback = so.CallbackURL != ""
 	if c.traced {
 		c.spans.cmd.SetAttributes(spanCommandID.String(c.rec.CommandID))
 	}
-	_, admitSpan := r.tel.tracer.Start(ctx, "cheetah.admit")
+	if err := r.admitCommand(ctx, c, h, wait); err != nil {
+		c.spans.failed(err)
+		return nil, err
+	}
+	werr := r.recordCommand(ctx, c, so)
+	if werr == nil && wait && so.OnAdmitted != nil {
+		// Before dispatch, so that the caller hears of the command (the HTTP
+		// API flushes its id in the answer's headers) before the client can.
+		so.OnAdmitted(cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID})
+	}
+	if err := r.dispatchCommand(ctx, c, werr); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// admitCommand is admission's first phase, in one step under the lock: the
+// ownership check (invariant 2), the renewal on use, the lease's
+// preservation for a waiting caller (invariant 5) and the command's place
+// in its context's FIFO (invariant 7).
+func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease, wait bool) error {
+	_, span := r.tel.tracer.Start(ctx, "cheetah.admit")
+	defer span.End()
+	l, err := r.admitLocked(c, h, wait)
+	if err != nil {
+		if c.traced {
+			why := "refused"
+			if errors.Is(err, cheetah.ErrOverloaded) && err != errShuttingDown {
+				why = "overloaded"
+			}
+			span.SetStatus(codes.Error, why)
+		}
+		return err
+	}
+	if c.traced {
+		// Off the lock: c.rec is read by nobody else until it is durable.
+		span.SetAttributes(spanUserID.String(c.rec.UserID), spanClientID.String(c.rec.ClientID),
+			spanContextID.String(c.rec.ContextID), spanTaskID.String(c.rec.TaskID), spanEpoch.Int64(c.rec.Epoch))
+		if l.acquired.IsValid() {
+			// The lease's acquire is another trace (or another part of the
+			// caller's): the command links to it.
+			c.spans.cmd.AddLink(trace.Link{SpanContext: l.acquired})
+		}
+	}
+	return nil
+}
+
+// admitLocked is admitCommand's critical section.
+func (r *Registry) admitLocked(c *command, h cheetah.Lease, wait bool) (*lease, error) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	l, err := r.check(h)
 	if err == nil && r.draining {
 		err = errShuttingDown
 	}
 	if err != nil {
-		r.mu.Unlock()
-		if c.traced {
-			admitSpan.SetStatus(codes.Error, "refused")
-		}
-		admitSpan.End()
-		c.spans.failed(err)
 		return nil, err
 	}
 	w := l.ctx
 	if r.cfg.MaxInFlightPerContext > 0 && w.inflight >= r.cfg.MaxInFlightPerContext {
-		r.mu.Unlock()
-		err := &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
-		if c.traced {
-			admitSpan.SetStatus(codes.Error, "overloaded")
-		}
-		admitSpan.End()
-		c.spans.failed(err)
-		return nil, err
+		return nil, &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
 	}
 	now := r.clock.Now()
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
@@ -274,79 +324,85 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	w.queue = append(w.queue, c)
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
-	rec := c.rec
-	acquired := l.acquired
-	r.mu.Unlock()
-	if c.traced {
-		admitSpan.SetAttributes(spanUserID.String(rec.UserID), spanClientID.String(rec.ClientID),
-			spanContextID.String(rec.ContextID), spanTaskID.String(rec.TaskID), spanEpoch.Int64(rec.Epoch))
-		if acquired.IsValid() {
-			// The lease's acquire is another trace (or another part of the
-			// caller's): the command links to it.
-			c.spans.cmd.AddLink(trace.Link{SpanContext: acquired})
-		}
-	}
-	admitSpan.End()
+	return l, nil
+}
 
-	// The record is written whatever the caller does meanwhile: once
-	// admitted, a command is either durable and dispatched or fully undone.
-	writeCtx, writeSpan := r.tel.tracer.Start(context.WithoutCancel(ctx), "cheetah.history.write")
-	werr := r.store.Write(writeCtx, history.InsertCommand{Rec: rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
-	if werr != nil && c.traced {
-		writeSpan.SetStatus(codes.Error, werr.Error())
+// recordCommand is admission's second phase, outside the lock: the
+// command's record is written whatever the caller does meanwhile, since
+// once admitted a command is either durable and dispatched or fully undone.
+// Nothing else reads c.rec until the command is marked durable.
+func (r *Registry) recordCommand(ctx context.Context, c *command, so cheetah.SendOptions) error {
+	writeCtx, span := r.tel.tracer.Start(context.WithoutCancel(ctx), "cheetah.history.write")
+	defer span.End()
+	err := r.store.Write(writeCtx, history.InsertCommand{Rec: c.rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
+	if err != nil && c.traced {
+		span.SetStatus(codes.Error, err.Error())
 	}
-	writeSpan.End()
+	return err
+}
+
+// dispatchCommand is admission's last phase, under the lock: a command
+// whose record is durable is dispatched with the durable prefix of its
+// context's FIFO; one whose record could not be written is undone.
+func (r *Registry) dispatchCommand(ctx context.Context, c *command, werr error) error {
 	var dispatch trace.Span
-	if werr == nil && wait && so.OnAdmitted != nil {
-		// Before dispatch, so that the caller hears of the command (the HTTP
-		// API flushes its id in the answer's headers) before the client can.
-		so.OnAdmitted(cheetah.Sent{CommandID: rec.CommandID, TraceID: rec.TraceID})
-	}
 	if werr == nil {
 		// The frame is read by nobody until the command is marked durable
 		// below, under the lock.
-		var dsc trace.SpanContext
 		_, dispatch = r.tel.tracer.Start(ctx, "cheetah.dispatch", trace.WithSpanKind(trace.SpanKindProducer))
-		if dsc = dispatch.SpanContext(); !dsc.IsValid() {
+		dsc := dispatch.SpanContext()
+		if !dsc.IsValid() {
 			dsc = c.spans.sc
 		}
 		c.frame.Traceparent = traceparent(dsc)
 	}
-
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if werr != nil {
 		r.unpreserve(c, false)
 		r.removeQueued(c)
-		r.forget(c)
+		if r.commands[c.rec.CommandID] == c {
+			// Never announced: its id was revealed to nobody.
+			r.untrack(c)
+		}
 		r.flushQueue(c.ctx)
 		err := cheetah.StoreUnavailable("registry: record command", werr)
 		c.spans.failed(err)
-		return nil, err
+		return err
 	}
 	c.durable = true
 	if r.commands[c.rec.CommandID] != c {
 		// Ended meanwhile (Close): its spans are closed.
 		dispatch.End()
-		return c, nil
+		return nil
 	}
 	c.spans.dispatch = dispatch
+	// Announced only now: anything that reveals a command id waits for its
+	// record's commit (invariant 9).
+	r.emit(r.commandEvent(CommandAdmitted, c))
 	if r.interrupting {
 		// Interrupt came while the record was being written: it ends now
 		// that it is durable.
 		r.interrupt(c)
-		return c, nil
+		return nil
 	}
 	r.flushQueue(c.ctx)
-	return c, nil
+	return nil
 }
 
 // errShuttingDown refuses new work once Drain was called.
 var errShuttingDown = &cheetah.Error{Code: cheetah.CodeOverloaded, Message: "the broker is shutting down"}
 
-// forget drops c from the commands in flight; r.mu is held.
-func (r *Registry) forget(c *command) {
+// untrack drops c from the commands in flight and from its client's
+// dispatched commands; r.mu is held. It is the bookkeeping half of a
+// command's end: endCommand calls it, and so does a command of response
+// mode none once dispatched, which has no end to wait for.
+func (r *Registry) untrack(c *command) {
 	delete(r.commands, c.rec.CommandID)
+	if c.dispatchedTo != nil {
+		delete(c.dispatchedTo.dispatched, c)
+		c.dispatchedTo = nil
+	}
 	c.ctx.inflight--
 	if r.draining && len(r.commands) == 0 && r.idle != nil {
 		close(r.idle)
@@ -382,59 +438,67 @@ func (r *Registry) flushQueue(w *wctx) {
 		}
 		conn := w.client.conn
 		if !w.live || conn == nil || w.client.contexts[w.id] != w {
-			r.finish(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the context was not live at dispatch"})
+			r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the context was not live at dispatch"}, nil)
 			continue
 		}
 		now := r.clock.Now()
 		c.conn, c.dispatched = conn, true
+		c.dispatchedTo = w.client
+		w.client.dispatched[c] = struct{}{}
 		if c.traced {
 			c.wallDispatched = time.Now().UnixNano()
 		}
 		c.rec.Status = cheetah.StatusDispatched
-		r.store.WriteAsync(nil, history.SetStatus{CommandID: c.rec.CommandID, Status: cheetah.StatusDispatched, At: now})
+		r.write(nil, history.SetStatus{CommandID: c.rec.CommandID, Status: cheetah.StatusDispatched, At: now})
+		r.emit(r.commandEvent(CommandDispatched, c))
 		if c.rec.ResponseMode != cheetah.ModeNone {
 			// The timeout runs from dispatch; it is armed before the frame
 			// leaves so that no answer can beat it.
-			c.timer = r.clock.AfterFunc(time.Duration(c.frame.TimeoutMS)*time.Millisecond, func() {
-				r.mu.Lock()
-				defer r.mu.Unlock()
-				r.finish(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)})
+			c.timer = r.afterFunc(time.Duration(c.frame.TimeoutMS)*time.Millisecond, func() {
+				r.endCommand(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)}, nil)
 			})
 		}
 		if !conn.Send(c.frame) {
 			// The connection's queue is full: it is closing itself, and the
 			// command ends with it.
-			r.finish(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client does not read"})
+			r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client does not read"}, nil)
 			continue
 		}
 		if c.rec.ResponseMode == cheetah.ModeNone {
-			// Nothing more is expected; forget it but remember where it went.
-			r.forget(c)
-			r.finished.put(c.rec.CommandID, finishedCommand{user: c.user, client: c.client, status: cheetah.StatusDispatched, mode: cheetah.ModeNone}, now)
-			if c.traced {
-				// Its spans end off the lock.
-				c.wallEnded = c.wallDispatched
-				go r.tel.ended(c, cheetah.StatusDispatched, nil, "", now)
-			}
+			// Nothing more is expected; untrack it but remember where it went.
+			r.untrackNone(c, now)
 		}
 	}
 }
 
-// finish ends c with a status the broker decided (not a client's terminal
-// message); r.mu is held.
-func (r *Registry) finish(c *command, status cheetah.Status, e *cheetah.ErrorInfo) {
-	r.end(c, status, e, nil)
+// untrackNone drops a command of response mode none, which has no end to
+// wait for, once dispatched (or interrupted); r.mu is held. Its status stays
+// what it is in history.
+func (r *Registry) untrackNone(c *command, now time.Time) {
+	r.untrack(c)
+	r.endedCommands.put(c.rec.CommandID, endedCommand{user: c.user, client: c.client, status: c.rec.Status, mode: cheetah.ModeNone}, now)
+	c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: c.rec.Status}
+	c.endedAt = now
+	if c.traced {
+		c.wallEnded = c.wallDispatched
+	}
+	r.emitEnded(c, false)
+	r.endSpansLater(c, c.rec.Status, nil, "")
 }
 
-// end ends c: it is forgotten at once, its terminal status is recorded, and
-// the waiting caller (if any) learns the resolution once that is durable, so
-// a history read then already shows it (invariant 8); r.mu is held.
-func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, msg *history.AppendMessage) {
+// endCommand ends c with status: the broker's own decision (a timeout, a
+// disconnect, a cancel, an interrupt), or the client's terminal message msg.
+// r.mu is held. The command is untracked at once and its terminal status
+// (after msg, when there is one) is queued for the store; once that is
+// durable, the waiting caller (if any) learns the resolution, so that a
+// history read then already shows it (invariant 8), and CommandEnded is
+// emitted. Ending a command that already ended does nothing.
+func (r *Registry) endCommand(c *command, status cheetah.Status, e *cheetah.ErrorInfo, msg *history.AppendMessage) {
 	id := c.rec.CommandID
 	if r.commands[id] != c {
 		return
 	}
-	r.forget(c)
+	r.untrack(c)
 	if c.timer != nil {
 		c.timer.Stop()
 	}
@@ -442,36 +506,18 @@ func (r *Registry) end(c *command, status cheetah.Status, e *cheetah.ErrorInfo, 
 		c.wallEnded = time.Now().UnixNano()
 	}
 	now := r.clock.Now()
-	r.finished.put(id, finishedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
-	ops := []history.Op{}
-	var terminal cheetah.MessageKind
+	r.endedCommands.put(id, endedCommand{user: c.user, client: c.client, status: status, mode: c.rec.ResponseMode}, now)
+	ops := make([]history.Op, 0, 2)
 	if msg != nil {
 		ops = append(ops, *msg)
-		terminal = msg.Msg.Kind
+		c.terminal = msg.Msg.Kind
 	}
 	ops = append(ops, history.SetStatus{CommandID: id, Status: status, Error: e, At: now})
-	res := cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
-	r.store.WriteAsync(func(werr error) {
-		// This runs on the store's writer, which may be what a caller holding
-		// r.mu waits on (a full write queue), so the lock is taken elsewhere.
-		// When the write failed the caller gets store_unavailable rather than
-		// a resolution history cannot show (invariant 8); it must not hang.
-		o := outcome{res: res}
-		if werr != nil {
-			o.err = cheetah.StoreUnavailable("registry: record the command's end", werr)
-		}
-		go func() {
-			r.mu.Lock()
-			r.unpreserve(c, true)
-			r.mu.Unlock()
-			// Before the resolution: a caller that has it finds the
-			// command's spans ended and its duration counted.
-			r.tel.ended(c, status, e, terminal, now)
-			if c.resolved != nil {
-				c.resolved <- o
-			}
-		}()
-	}, ops...)
+	c.res = cheetah.Resolution{CommandID: id, TraceID: c.rec.TraceID, Status: status, Error: e}
+	c.endedAt = now
+	c.ending = true
+	r.ending[c] = struct{}{}
+	r.write(func(werr error) { r.endWritten(c, werr) }, ops...)
 }
 
 // unpreserve drops c's hold on its lease; r.mu is held. When the caller

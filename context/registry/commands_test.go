@@ -382,6 +382,8 @@ func TestEpochsRiseAcrossRestart(t *testing.T) {
 	e.connect("a", cheetah.Console, nil, worker("w1"))
 	var last int64
 	for range 20 { // crosses several blocks of 8
+		// An acquire never waits for a reservation; this test does.
+		require.NoError(t, e.reg.ReserveEpochs(context.Background()))
 		l := e.mustAcquire("t")
 		require.Greater(t, l.Epoch, last)
 		last = l.Epoch

@@ -17,4 +17,17 @@
 // is returned only after its record is durable, nothing unrecorded is ever
 // dispatched, and commands reach a client in admission order even when a
 // later assignment of the same context sends too.
+//
+// Nothing under the lock waits on the store or on anyone else: epochs come
+// from a block reserved ahead in the background (an acquire that finds it
+// empty fails with store_unavailable), and the writes a transition decides
+// go to an ordered outbox that one goroutine hands to the store in that
+// order (outbox.go). Each transition also emits one Event (events.go) into
+// an ordered queue that one goroutine delivers, off the lock, to the
+// registry's telemetry and to the subscribers of Subscribe. Close joins
+// every goroutine of the registry.
+//
+// Names: a command ends through endCommand (untrack drops its bookkeeping),
+// a lease through endLease, a context through dropContext and a client
+// through dropClient.
 package registry

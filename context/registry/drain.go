@@ -108,8 +108,11 @@ func (r *Registry) Interrupt(ctx context.Context) (int, error) {
 			return n, fmt.Errorf("registry: interrupt: %w", ctx.Err())
 		}
 	}
-	// A write with no ops returns once everything enqueued before it is
-	// written: the interrupted statuses among them.
+	// The interrupted statuses are handed to the store, and a write with no
+	// ops returns once everything enqueued before it is written.
+	if err := r.handedOver(ctx); err != nil {
+		return n, fmt.Errorf("registry: interrupt: %w", err)
+	}
 	if err := r.store.Write(ctx); err != nil {
 		return n, fmt.Errorf("registry: interrupt: %w", err)
 	}
@@ -119,11 +122,12 @@ func (r *Registry) Interrupt(ctx context.Context) (int, error) {
 // interrupt ends durable command c as interrupted; r.mu is held.
 func (r *Registry) interrupt(c *command) {
 	if c.rec.ResponseMode == protocol.ResponseNone {
-		r.forget(c)
-		if c.traced {
-			go r.tel.ended(c, c.rec.Status, nil, "", r.clock.Now())
-		}
+		r.untrack(c)
+		c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: c.rec.Status}
+		c.endedAt = r.clock.Now()
+		r.emitEnded(c, false)
+		r.endSpansLater(c, c.rec.Status, nil, "")
 		return
 	}
-	r.finish(c, cheetah.StatusInterrupted, &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker shut down before the command ended"})
+	r.endCommand(c, cheetah.StatusInterrupted, &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker shut down before the command ended"}, nil)
 }

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -179,4 +180,116 @@ func requireZero(t *testing.T, reg *registry.Registry) {
 	require.Zero(t, s.Preserving, "preserving")
 	require.Zero(t, s.Clients, "clients")
 	require.Zero(t, s.Contexts, "contexts")
+}
+
+// faultyStore is a history store whose epoch reservations can be made to
+// fail, or to block until released.
+type faultyStore struct {
+	*history.Store
+	mu       sync.Mutex
+	fail     bool
+	gate     chan struct{} // when not nil, ReserveEpochs waits for it to close
+	entered  chan struct{} // receives once per ReserveEpochs call that waits on gate
+	reserves int
+}
+
+func (s *faultyStore) ReserveEpochs(ctx context.Context, n int64) (int64, error) {
+	s.mu.Lock()
+	s.reserves++
+	fail, gate, entered := s.fail, s.gate, s.entered
+	s.mu.Unlock()
+	if gate != nil {
+		if entered != nil {
+			entered <- struct{}{}
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	if fail {
+		return 0, errors.New("the database does not answer")
+	}
+	return s.Store.ReserveEpochs(ctx, n)
+}
+
+func (s *faultyStore) setFail(v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = v
+}
+
+// setupFaulty is setup over a faultyStore.
+func setupFaulty(t *testing.T, tweak ...func(*registry.Config)) (*env, *faultyStore) {
+	t.Helper()
+	fs := &faultyStore{Store: historytest.NewSQLite(t)}
+	e := setup(t, append([]func(*registry.Config){func(c *registry.Config) { c.Store = fs }}, tweak...)...)
+	e.store = fs.Store
+	return e, fs
+}
+
+// holdingStore is a history store whose WriteAsync callbacks are held, once
+// hold is set, until release: as if the store took its time to commit.
+type holdingStore struct {
+	*history.Store
+	mu   sync.Mutex
+	hold bool
+	held []func()
+}
+
+func (s *holdingStore) WriteAsync(done func(error), ops ...history.Op) {
+	s.Store.WriteAsync(func(err error) {
+		s.mu.Lock()
+		if s.hold {
+			s.held = append(s.held, func() {
+				if done != nil {
+					done(err)
+				}
+			})
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if done != nil {
+			done(err)
+		}
+	}, ops...)
+}
+
+// setHold holds callbacks from now on; release runs those held.
+func (s *holdingStore) setHold(v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = v
+}
+
+func (s *holdingStore) release() int {
+	s.mu.Lock()
+	held := s.held
+	s.held, s.hold = nil, false
+	s.mu.Unlock()
+	for _, f := range held {
+		f()
+	}
+	return len(held)
+}
+
+// blockingWrites is a history store whose WriteAsync blocks until gate is
+// closed, as the writer's does while its queue is full.
+type blockingWrites struct {
+	*history.Store
+	gate    chan struct{}
+	entered chan struct{} // receives once when a WriteAsync first blocks
+	once    sync.Once
+}
+
+func (s *blockingWrites) WriteAsync(done func(error), ops ...history.Op) {
+	select {
+	case <-s.gate:
+	default:
+		s.once.Do(func() { close(s.entered) })
+		<-s.gate
+	}
+	s.Store.WriteAsync(done, ops...)
 }

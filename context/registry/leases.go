@@ -224,6 +224,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, no
 	r.leases[l.key] = l
 	r.pushDeadline(l)
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+	r.emit(leaseEvent(LeaseAcquired, l))
 	return l.view(token), nil
 }
 
@@ -251,8 +252,10 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
-	r.tel.leaseEnded(reason)
-	r.ended.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
+	ev := leaseEvent(LeaseEnded, l)
+	ev.Reason = reason
+	r.emit(ev)
+	r.endedLeases.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
 	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
@@ -302,7 +305,7 @@ func sameHolder(l *lease, h cheetah.Lease) bool {
 // lostReason describes, for a token that carries no active lease, its
 // context as it is now: first match wins; r.mu is held.
 func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
-	e, ok := r.ended.get(key)
+	e, ok := r.endedLeases.get(key)
 	if !ok {
 		return cheetah.LostUnknownLease
 	}
@@ -341,6 +344,7 @@ func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) 
 		l.ttl = ttl
 	}
 	r.extend(l, r.clock.Now())
+	r.emit(leaseEvent(LeaseRenewed, l))
 	return l.view(h.LeaseToken), nil
 }
 

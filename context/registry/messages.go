@@ -32,7 +32,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 		r.mu.Unlock()
 		return
 	}
-	fin, known := r.finished.get(id)
+	fin, known := r.endedCommands.get(id)
 	r.mu.Unlock()
 	if !known {
 		// Older than the registry remembers: the store knows.
@@ -44,7 +44,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 			a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeUnknownCommand, Message: "no such command was dispatched to this client"})
 			return
 		}
-		fin = finishedCommand{user: ref.UserID, client: ref.ClientID, status: ref.Status, mode: ref.ResponseMode}
+		fin = endedCommand{user: ref.UserID, client: ref.ClientID, status: ref.Status, mode: ref.ResponseMode}
 		// A command that was never dispatched went to no client.
 		known = fin.status != cheetah.StatusAdmitted
 	}
@@ -52,7 +52,7 @@ func (r *Registry) ClientMessage(ctx context.Context, a *Attachment, f protocol.
 		a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeUnknownCommand, Message: "no such command was dispatched to this client"})
 		return
 	}
-	r.onFinished(a, id, fin, msg, bytes)
+	r.onEnded(a, id, fin, msg, bytes)
 }
 
 // onLive handles a message about a command in flight; r.mu is held.
@@ -62,34 +62,38 @@ func (r *Registry) onLive(c *command, msg cheetah.Message, bytes []byte) {
 	switch msg.Kind {
 	case cheetah.KindAck:
 		if c.acked {
-			r.store.WriteAsync(nil, app)
+			r.write(nil, app)
 			return
 		}
 		c.acked = true
 		if c.traced {
 			c.wallAcked = time.Now().UnixNano()
 		}
-		r.store.WriteAsync(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
+		r.write(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	case cheetah.KindResult:
-		r.end(c, cheetah.StatusCompleted, nil, &app)
+		r.endCommand(c, cheetah.StatusCompleted, nil, &app)
 	case cheetah.KindError:
-		r.end(c, cheetah.StatusFailed, &cheetah.ErrorInfo{Code: msg.Code, Message: msg.Message, Data: msg.Data}, &app)
+		r.endCommand(c, cheetah.StatusFailed, &cheetah.ErrorInfo{Code: msg.Code, Message: msg.Message, Data: msg.Data}, &app)
 	default:
-		r.store.WriteAsync(nil, app)
+		r.write(nil, app)
 	}
 }
 
-// onFinished handles a message about a command that already ended (or is
+// onEnded handles a message about a command that already ended (or is
 // not tracked, response mode none): it is recorded, late when the command's
 // status is terminal.
-func (r *Registry) onFinished(a *Attachment, id string, fin finishedCommand, msg cheetah.Message, bytes []byte) {
+func (r *Registry) onEnded(a *Attachment, id string, fin endedCommand, msg cheetah.Message, bytes []byte) {
 	terminal := msg.Kind == cheetah.KindResult || msg.Kind == cheetah.KindError
 	msg.Late = fin.status.Terminal()
 	ops := []history.Op{history.AppendMessage{CommandID: id, Msg: msg, Bytes: bytes}}
 	if msg.Kind == cheetah.KindAck && !msg.Late {
 		ops = append(ops, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	}
-	r.store.WriteAsync(nil, ops...)
+	// Through the outbox, so that it follows what was decided about the
+	// command before (its terminal message among them).
+	r.mu.Lock()
+	r.write(nil, ops...)
+	r.mu.Unlock()
 	if terminal && (fin.status == cheetah.StatusCompleted || fin.status == cheetah.StatusFailed) {
 		a.conn.Send(&protocol.Error{CommandID: id, Code: protocol.CodeDuplicateTerminal, Message: "the command already has a terminal message"})
 	}

@@ -34,9 +34,12 @@ type client struct {
 	conn      Conn // nil while disconnected
 	// reported is false from a (re)connect until the first state report:
 	// until then no context of the client is live.
-	reported    bool
-	contexts    map[string]*wctx
-	grace       clockwork.Timer // ends the client when it does not come back
+	reported bool
+	contexts map[string]*wctx
+	grace    clockwork.Timer // ends the client when it does not come back
+	// dispatched holds the client's commands dispatched and not yet ended,
+	// so that a disconnect visits only them.
+	dispatched  map[*command]struct{}
 	connectedAt time.Time
 }
 
@@ -69,7 +72,7 @@ func (r *Registry) poolFor(userID string) *pool {
 	return p
 }
 
-// dropPoolIfEmpty forgets a user with nothing left, so bookkeeping returns to
+// dropPoolIfEmpty drops a user with nothing left, so bookkeeping returns to
 // zero when every client is gone.
 func (r *Registry) dropPoolIfEmpty(p *pool) {
 	if len(p.clients) == 0 && p.waiters.Len() == 0 {
@@ -119,6 +122,8 @@ func (w *wctx) state() string {
 
 // refreshIdle puts w in or out of its pool's idle list to match its state,
 // handing a newly idle context to the first matching waiter; r.mu is held.
+// When that hand-over fails, the waiter gets the error and w still goes on
+// the idle list.
 func (r *Registry) refreshIdle(w *wctx) {
 	p := w.client.pool
 	if !w.idle() {
@@ -139,7 +144,13 @@ func (r *Registry) refreshIdle(w *wctx) {
 			wt.elem = nil
 			l, err := r.assign(w, &wt.req, wt.token, now, wt.sc)
 			wt.ch <- acquireResult{lease: l, err: err}
-			return
+			if err == nil {
+				return
+			}
+			// The waiter learns why (no epoch could be issued), and the
+			// context is not stranded: it goes on the idle list below, where
+			// a later acquire finds it.
+			break
 		}
 	}
 	lst := p.idle[w.client.typ]

@@ -19,13 +19,33 @@ import (
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
-// Store is what the registry needs of the durable history.
+// Store is what the registry needs of the durable history. The registry
+// never calls it under its lock.
 type Store interface {
+	// Write commits ops in one transaction and returns once they are
+	// durable, or with the error that kept them from being so. A Write with
+	// no ops returns once everything enqueued before it (by Write or
+	// WriteAsync) is written. The registry writes a command's record with it
+	// before the command can be dispatched (invariant 9).
 	Write(ctx context.Context, ops ...history.Op) error
+	// WriteAsync enqueues ops, in the order of the calls, and returns; it
+	// may block while the store's queue is full. done, if not nil, runs once
+	// the ops committed or failed; it must not block and must not call the
+	// store. The registry calls it from one goroutine, in the order it
+	// decided the ops (see outbox.go).
 	WriteAsync(done func(error), ops ...history.Op)
+	// Lookup finds a command that the registry no longer remembers, to
+	// place a late message: its user, client, status and response mode. It
+	// fails with cheetah.ErrNotFound when there is no such command.
 	Lookup(ctx context.Context, commandID string) (history.CommandRef, error)
+	// Get reads one command of a user with its messages; a command of
+	// another user is cheetah.ErrNotFound (invariant 10).
 	Get(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error)
+	// List pages through a user's commands, newest first.
 	List(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error)
+	// ReserveEpochs durably raises the epoch high-water mark by n and
+	// returns the first of the n epochs reserved: no later call, in this
+	// process or after a restart, returns any of them again.
 	ReserveEpochs(ctx context.Context, n int64) (int64, error)
 	// Health is nil while the store's database answers; acquires are
 	// refused while it is not (see Acquire).
@@ -124,15 +144,17 @@ type Registry struct {
 	log   *slog.Logger
 	tel   *telemetry
 
-	mu       sync.Mutex
-	users    map[string]*pool
-	leases   map[tokenKey]*lease         // active leases by token digest
-	heap     leaseHeap                   // active leases that may expire, by deadline
-	ended    *memo[tokenKey, endedLease] // how recent leases ended, by token digest
-	commands map[string]*command
-	finished *memo[string, finishedCommand] // recently ended commands, for late messages
-	epochs   epochRange
-	closed   bool
+	mu          sync.Mutex
+	users       map[string]*pool
+	leases      map[tokenKey]*lease         // active leases by token digest
+	heap        leaseHeap                   // active leases that may expire, by deadline
+	endedLeases *memo[tokenKey, endedLease] // how recent leases ended, by token digest
+	commands    map[string]*command
+	// ending holds the commands that ended and whose end is not durable yet.
+	ending        map[*command]struct{}
+	endedCommands *memo[string, endedCommand] // recently ended commands, for late messages
+	epochs        epochRange
+	closed        bool
 	// draining is set by Drain: no new acquire or send is admitted.
 	// interrupting is set by Interrupt: a command whose record becomes
 	// durable ends interrupted instead of being dispatched. idle is closed
@@ -140,10 +162,19 @@ type Registry struct {
 	draining, interrupting bool
 	idle                   chan struct{}
 
-	wg   sync.WaitGroup // background epoch reservations
-	kick chan struct{}  // wakes the expiry loop when the earliest deadline moves
-	stop chan struct{}
-	done chan struct{}
+	// after acts on what was decided under r.mu: the outbox of writes and
+	// the queue of events (outbox.go).
+	after afterLock
+
+	// wg counts every goroutine of the registry but the expiry loop: the
+	// flusher, the notifier, epoch reservations and timer callbacks under
+	// way. Close waits for it.
+	wg       sync.WaitGroup
+	bg       context.Context // cancelled by Close
+	bgCancel context.CancelFunc
+	kick     chan struct{} // wakes the expiry loop when the earliest deadline moves
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 // New starts a registry. It reserves its first block of epochs from the
@@ -154,37 +185,64 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("registry: new: a store is required")
 	}
 	r := &Registry{
-		cfg:      cfg,
-		clock:    cfg.Clock,
-		store:    cfg.Store,
-		log:      cfg.Log,
-		users:    map[string]*pool{},
-		leases:   map[tokenKey]*lease{},
-		ended:    newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
-		commands: map[string]*command{},
-		finished: newMemo[string, finishedCommand](cfg.EndedMemory, cfg.EndedMax),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		cfg:           cfg,
+		clock:         cfg.Clock,
+		store:         cfg.Store,
+		log:           cfg.Log,
+		users:         map[string]*pool{},
+		leases:        map[tokenKey]*lease{},
+		endedLeases:   newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		commands:      map[string]*command{},
+		ending:        map[*command]struct{}{},
+		endedCommands: newMemo[string, endedCommand](cfg.EndedMemory, cfg.EndedMax),
+		kick:          make(chan struct{}, 1),
+		stop:          make(chan struct{}),
+		done:          make(chan struct{}),
 	}
+	r.after.outKick = make(chan struct{}, 1)
+	r.after.notifKick = make(chan struct{}, 1)
+	r.bg, r.bgCancel = context.WithCancel(context.Background())
 	tel, err := newTelemetry(r, cfg.TracerProvider, cfg.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("registry: metrics: %w", err)
 	}
 	r.tel = tel
-	if err := r.reserveEpochs(ctx); err != nil {
+	if err := r.reserveFirst(ctx); err != nil {
 		tel.close()
+		r.bgCancel()
 		return nil, err
 	}
+	r.wg.Add(2)
+	go r.flushLoop()
+	go r.notifyLoop()
 	go r.expiryLoop()
 	return r, nil
 }
 
+// afterFunc runs f under r.mu after d, unless the registry closed first.
+// Close waits for a run under way.
+func (r *Registry) afterFunc(d time.Duration, f func()) clockwork.Timer {
+	return r.clock.AfterFunc(d, func() {
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		r.wg.Add(1)
+		f()
+		r.mu.Unlock()
+		r.wg.Done()
+	})
+}
+
 // Close stops the expiry loop and every timer, fails waiting acquires and
-// resolves every waiting send as interrupted. It writes nothing: the caller
-// closes the store after, and the next start marks what was in flight
-// interrupted in history. A graceful stop calls Drain and Interrupt first,
-// so that nothing is left in flight for Close.
+// resolves every waiting send as interrupted. It hands the store what was
+// decided before it and writes nothing of its own: the caller closes the
+// store after, and the next start marks what was in flight interrupted in
+// history. It returns once nothing of the registry runs any more: every
+// goroutine it started has ended, and the events queued before it are
+// delivered. A graceful stop calls Drain and Interrupt first, so that
+// nothing is left in flight for Close.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -207,24 +265,38 @@ func (r *Registry) Close() {
 			}
 		}
 	}
+	now := r.clock.Now()
 	for _, c := range r.commands {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
 		e := &cheetah.ErrorInfo{Code: "interrupted", Message: "the broker stopped"}
+		c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted, Error: e}
+		c.endedAt = now
 		if c.resolved != nil {
-			c.resolved <- outcome{res: cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusInterrupted, Error: e}}
+			c.resolved <- outcome{res: c.res}
 		}
-		r.forget(c)
-		if c.spans.cmd != nil {
-			r.tel.ended(c, cheetah.StatusInterrupted, e, "", r.clock.Now())
+		r.untrack(c)
+		if c.durable {
+			// One whose record is still being written was never announced.
+			r.emitEnded(c, false)
 		}
+		r.endSpansLater(c, cheetah.StatusInterrupted, e, "")
+	}
+	// Ended, and the end not durable yet: the store may still answer (the
+	// waiting caller then learns it), but the registry does not wait.
+	for c := range r.ending {
+		c.ending = false
+		delete(r.ending, c)
+		r.emitEnded(c, false)
+		r.endSpansLater(c, c.res.Status, c.res.Error, c.terminal)
 	}
 	r.mu.Unlock()
-	r.tel.close()
+	r.bgCancel()
 	close(r.stop)
 	<-r.done
 	r.wg.Wait()
+	r.tel.close()
 }
 
 // Stats counts the registry's bookkeeping. After every lease is released and
@@ -241,7 +313,7 @@ func (r *Registry) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{Leases: len(r.leases), Heap: len(r.heap), Commands: len(r.commands),
-		Ended: r.ended.len(), Finished: r.finished.len()}
+		Ended: r.endedLeases.len(), Finished: r.endedCommands.len()}
 	for _, p := range r.users {
 		s.Clients += len(p.clients)
 		s.Waiters += p.waiters.Len()
@@ -265,8 +337,8 @@ func (r *Registry) PruneMemory() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.clock.Now()
-	r.ended.prune(now)
-	r.finished.prune(now)
+	r.endedLeases.prune(now)
+	r.endedCommands.prune(now)
 }
 
 // tokenKey is how the registry knows a lease: the SHA-256 of its token. A

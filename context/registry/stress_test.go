@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -85,7 +86,9 @@ func (e *env) respond(c *client, k *checker, stop <-chan struct{}, wg *sync.Wait
 
 func TestConcurrentInvariants(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	// Blocks large enough that the next one is always reserved in time: an
+	// acquire that finds the block empty fails rather than wait.
+	e := setup(t, func(c *registry.Config) { c.EpochBlock = 1024 })
 	const clients, perClient, workers, rounds = 4, 4, 16, 60
 	k := newChecker()
 	stop := make(chan struct{})

@@ -221,10 +221,19 @@ func (t *telemetry) close() {
 	}
 }
 
-// leaseEnded counts a lease that ended; r.mu is held.
-func (t *telemetry) leaseEnded(reason cheetah.LostReason) {
-	if opts, ok := t.endedBy[reason]; ok {
-		t.leasesEnded.Add(context.Background(), 1, opts...)
+// observe counts what an event says: the leases that ended by reason, and
+// the duration of every command that ended. It runs on the registry's
+// notifier, off the lock, before the subscribers see the event.
+func (t *telemetry) observe(ev *Event) {
+	switch ev.Kind {
+	case LeaseEnded:
+		if opts, ok := t.endedBy[ev.Reason]; ok {
+			t.leasesEnded.Add(context.Background(), 1, opts...)
+		}
+	case CommandEnded:
+		if ev.Status.Terminal() {
+			t.duration.Record(context.Background(), ev.At.Sub(ev.AdmittedAt).Seconds(), t.durationOpts(ev.CommandName, ev.Status)...)
+		}
 	}
 }
 
@@ -377,16 +386,11 @@ func (s *commandSpans) failed(err error) {
 	s.cmd.End()
 }
 
-// ended records the end of command c: its duration, its events
-// (dispatched, acknowledged, the terminal message) and its spans. It runs
-// outside r.mu, on the goroutine that hands the resolution over (or, for
-// response mode none, that dispatched it), after every field it reads was
-// last written. terminal is the kind of the client's terminal message, if
-// one ended the command.
-func (t *telemetry) ended(c *command, status cheetah.Status, e *cheetah.ErrorInfo, terminal cheetah.MessageKind, at time.Time) {
-	if status.Terminal() {
-		t.duration.Record(context.Background(), at.Sub(c.rec.CreatedAt).Seconds(), t.durationOpts(c.rec.Name, status)...)
-	}
+// endSpans ends the spans of command c, with its events (dispatched,
+// acknowledged, the terminal message). It runs on the registry's notifier,
+// off the lock, after every field it reads was last written. terminal is
+// the kind of the client's terminal message, if one ended the command.
+func (t *telemetry) endSpans(c *command, status cheetah.Status, e *cheetah.ErrorInfo, terminal cheetah.MessageKind) {
 	if !c.traced {
 		return
 	}

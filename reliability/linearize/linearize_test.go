@@ -2,6 +2,7 @@ package linearize
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -61,7 +62,17 @@ type regDriver struct {
 }
 
 func (d regDriver) Acquire(ctx context.Context) (cheetah.Lease, error) {
-	return d.reg.Acquire(ctx, cheetah.AcquireRequest{UserID: d.user, TaskID: "lin", ClientType: cheetah.Console, TTL: time.Hour})
+	req := cheetah.AcquireRequest{UserID: d.user, TaskID: "lin", ClientType: cheetah.Console, TTL: time.Hour}
+	l, err := d.reg.Acquire(ctx, req)
+	if errors.Is(err, cheetah.ErrStoreUnavailable) {
+		// The block of epochs ran out before the next one was reserved (an
+		// acquire never waits for the store): nothing was assigned. With
+		// the store up, one more try after the reservation succeeds.
+		if rerr := d.reg.ReserveEpochs(ctx); rerr == nil {
+			l, err = d.reg.Acquire(ctx, req)
+		}
+	}
+	return l, err
 }
 func (d regDriver) Release(ctx context.Context, l cheetah.Lease) (bool, error) {
 	return d.reg.Release(ctx, l)

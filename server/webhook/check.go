@@ -9,7 +9,6 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
-	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
@@ -161,42 +160,13 @@ func (g *guard) SendAndWait(ctx context.Context, l cheetah.Lease, cmd cheetah.Co
 	return g.Backend.SendAndWait(ctx, l, cmd, so)
 }
 
-// Tap returns s with the registry's writes watched: when a command sent with
-// a callback ends, the worker wakes once its terminal status is committed,
-// instead of at its next poll. It changes nothing that is written.
-func (w *Worker) Tap(s registry.Store) registry.Store { return &tap{Store: s, w: w} }
-
-type tap struct {
-	registry.Store
-	w *Worker
-}
-
-func (t *tap) Write(ctx context.Context, ops ...history.Op) error {
-	t.w.watch(ops)
-	ends := t.w.ends(ops)
-	err := t.Store.Write(ctx, ops...)
-	if err != nil {
-		t.w.unwatch(ops)
-		return err
+// Observe is the worker's subscription to the registry's events
+// (registry.Registry.Subscribe): when a command sent with a callback ends
+// and its terminal status is durable, so that its delivery is armed in
+// history, the worker wakes at once instead of at its next poll. It never
+// blocks.
+func (w *Worker) Observe(ev registry.Event) {
+	if ev.Kind == registry.CommandEnded && ev.HasCallback && ev.Durable && ev.Status.Terminal() {
+		w.Notify()
 	}
-	if ends {
-		t.w.Notify()
-	}
-	return nil
-}
-
-func (t *tap) WriteAsync(done func(error), ops ...history.Op) {
-	t.w.watch(ops)
-	if t.w.ends(ops) {
-		inner := done
-		done = func(err error) {
-			if inner != nil {
-				inner(err)
-			}
-			if err == nil {
-				t.w.Notify()
-			}
-		}
-	}
-	t.Store.WriteAsync(done, ops...)
 }

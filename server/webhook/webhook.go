@@ -114,10 +114,6 @@ func (c *Config) fill() {
 	}
 }
 
-// maxWatched bounds the in-memory nudge hints; past it, deliveries are found
-// by polling alone.
-const maxWatched = 1 << 20
-
 // Worker delivers pending webhooks. Create it with New, start its loop with
 // Start and stop it with Close. Flush runs what is due without the loop.
 type Worker struct {
@@ -149,8 +145,7 @@ type Worker struct {
 	started  bool
 	closed   bool
 	inflight int
-	idle     chan struct{}       // closed while inflight is 0
-	watched  map[string]struct{} // commands with a callback, admitted and not ended here
+	idle     chan struct{} // closed while inflight is 0
 	wg       sync.WaitGroup
 }
 
@@ -167,7 +162,6 @@ func New(cfg Config) (*Worker, error) {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		idle:     make(chan struct{}),
-		watched:  map[string]struct{}{},
 	}
 	close(w.idle)
 	if cfg.Secret != "" {
@@ -341,56 +335,6 @@ func (w *Worker) end() {
 	w.mu.Unlock()
 	w.wg.Done()
 	w.Notify() // a slot is free, and the next due time may have moved
-}
-
-// watch remembers the commands with a callback among ops, so that their end
-// can wake the worker at once.
-func (w *Worker) watch(ops []history.Op) {
-	for _, op := range ops {
-		if ins, ok := op.(history.InsertCommand); ok && ins.CallbackURL != "" {
-			w.mu.Lock()
-			if len(w.watched) < maxWatched {
-				w.watched[ins.Rec.CommandID] = struct{}{}
-			}
-			w.mu.Unlock()
-		}
-	}
-}
-
-func (w *Worker) unwatch(ops []history.Op) {
-	for _, op := range ops {
-		if ins, ok := op.(history.InsertCommand); ok {
-			w.mu.Lock()
-			delete(w.watched, ins.Rec.CommandID)
-			w.mu.Unlock()
-		}
-	}
-}
-
-// ends reports whether ops end a watched command, and forgets it.
-func (w *Worker) ends(ops []history.Op) bool {
-	found := false
-	for _, op := range ops {
-		st, ok := op.(history.SetStatus)
-		if !ok || !st.Status.Terminal() {
-			continue
-		}
-		w.mu.Lock()
-		if _, ok := w.watched[st.CommandID]; ok {
-			delete(w.watched, st.CommandID)
-			found = true
-		}
-		w.mu.Unlock()
-	}
-	return found
-}
-
-// Watched returns how many commands the worker is watching for their end,
-// for tests: after every command has ended it is zero.
-func (w *Worker) Watched() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.watched)
 }
 
 // The outcomes of cheetah.webhook.deliveries.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/server/auth"
@@ -212,18 +213,16 @@ func TestNudge(t *testing.T) {
 	defer cancel()
 	require.NoError(t, e.clock.BlockUntilContext(ctx, 1), "the loop waits for its poll")
 
-	tap := e.w.Tap(e.store)
 	rec := cheetah.CommandRecord{CommandID: "0193a1b2-0000-7000-8000-000000000001", UserID: "usr_1", ClientID: "c",
 		ContextID: "x", TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync,
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", CreatedAt: e.clock.Now()}
-	require.NoError(t, tap.Write(ctx, history.InsertCommand{Rec: rec, CallbackURL: r.URL, CallbackKeyID: e.keyID}))
-	require.Equal(t, 1, e.w.Watched())
-	done := make(chan error, 1)
-	tap.WriteAsync(func(err error) { done <- err }, history.SetStatus{CommandID: rec.CommandID, Status: cheetah.StatusFailed, At: e.clock.Now()})
-	require.NoError(t, <-done, "the registry's own callback still runs")
+	require.NoError(t, e.store.Write(ctx, history.InsertCommand{Rec: rec, CallbackURL: r.URL, CallbackKeyID: e.keyID}))
+	require.NoError(t, e.store.Write(ctx, history.SetStatus{CommandID: rec.CommandID, Status: cheetah.StatusFailed, At: e.clock.Now()}))
+	// What the registry tells its subscribers once the end is durable.
+	e.w.Observe(registry.Event{Kind: registry.CommandEnded, UserID: rec.UserID, CommandID: rec.CommandID,
+		Status: cheetah.StatusFailed, HasCallback: true, Durable: true})
 	h := r.next(t) // the clock never moved
 	require.Equal(t, rec.CommandID, h.header.Get("webhook-id"))
-	require.Zero(t, e.w.Watched(), "nothing is left watched")
 	e.flush()
 	require.True(t, e.delivery(rec.CommandID).Delivered)
 }

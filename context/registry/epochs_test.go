@@ -1,0 +1,125 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// While the store blocks in an epoch reservation, nothing else of the
+// registry waits for it: stats, renews and releases of other leases go on,
+// and an acquire that finds the block empty fails at once with
+// store_unavailable instead of calling the store under the lock.
+func TestEpochReservationNeverStallsTheRegistry(t *testing.T) {
+	t.Parallel()
+	e, fs := setupFaulty(t)
+	var reps []protocol.ContextReport
+	for i := range 12 {
+		reps = append(reps, worker(fmt.Sprintf("w%d", i)))
+	}
+	e.connect("agent-1", cheetah.Console, nil, reps...)
+	ctx := context.Background()
+
+	gate, entered := make(chan struct{}, 0), make(chan struct{}, 4)
+	fs.mu.Lock()
+	fs.gate, fs.entered = gate, entered
+	fs.mu.Unlock()
+	opened := false
+	defer func() {
+		if !opened {
+			close(gate)
+		}
+	}()
+
+	// The block holds epochs 1..8; issuing the 4th leaves half of it, and
+	// the next block is reserved in the background, where the store blocks.
+	var leases []cheetah.Lease
+	for range 4 {
+		leases = append(leases, e.mustAcquire("t"))
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reservation started when half the block was issued")
+	}
+	for range 4 {
+		leases = append(leases, e.mustAcquire("t"))
+	}
+	for i, l := range leases {
+		require.Equal(t, int64(i+1), l.Epoch)
+	}
+
+	// Now the block is empty and the store still blocks. Everything below
+	// runs on many goroutines and must finish while it does.
+	errs := make(chan error, 64)
+	var wg sync.WaitGroup
+	for i, l := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				s := e.reg.Stats()
+				if s.Leases > 8 || s.Leases < 4 {
+					errs <- fmt.Errorf("stats: %d leases", s.Leases)
+					return
+				}
+			}
+			if i%2 == 0 {
+				got, err := e.reg.Renew(ctx, l, 0)
+				if err != nil || got.Epoch != l.Epoch || got.ContextID != l.ContextID {
+					errs <- fmt.Errorf("renew %d: %v %+v", l.Epoch, err, got)
+				}
+				return
+			}
+			ok, err := e.reg.Release(ctx, l)
+			if err != nil || !ok {
+				errs <- fmt.Errorf("release %d: %v %v", l.Epoch, ok, err)
+			}
+		}()
+	}
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.acquire("more")
+			if !errorsIsStoreUnavailable(err) {
+				errs <- fmt.Errorf("acquire with no epoch at hand: %v, want store_unavailable", err)
+			}
+		}()
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the registry waited for the blocked store")
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	s := e.reg.Stats()
+	require.Equal(t, 4, s.Leases, "the renewed leases remain, the released ones are gone")
+	fs.mu.Lock()
+	require.Equal(t, 2, fs.reserves, "the first block and one background reservation: none under the lock")
+	fs.mu.Unlock()
+
+	// Once the store answers, the reserved block is used.
+	close(gate)
+	opened = true
+	require.NoError(t, e.reg.ReserveEpochs(ctx))
+	l := e.mustAcquire("after")
+	require.Equal(t, int64(9), l.Epoch)
+}
+
+func errorsIsStoreUnavailable(err error) bool {
+	code, _, _ := cheetah.Classify(err)
+	return code == cheetah.CodeStoreUnavailable
+}
