@@ -106,8 +106,9 @@ func (m *Manager) ListAvailable(ctx context.Context, userID string, clientType C
 	return out, err
 }
 
-// TaskContexts returns the live leases that carry a task, without tokens.
-func (m *Manager) TaskContexts(ctx context.Context, taskID, userID string) ([]Lease, error) {
+// TaskContexts returns the user's live leases that carry taskID, without
+// tokens, oldest epoch first. Like every other call, it takes the user first.
+func (m *Manager) TaskContexts(ctx context.Context, userID, taskID string) ([]Lease, error) {
 	ctx, span := start(ctx, m.tracer, "cheetah.TaskContexts", func() []attribute.KeyValue {
 		return []attribute.KeyValue{attrUserID.String(userID), attrTaskID.String(taskID)}
 	})
