@@ -483,6 +483,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		stdout, stderr, code := cliAll(t, env, args...)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
 		require.NotEmpty(t, stderr, args)
+		require.Empty(t, stdout, args)
 		if args[0] != "agent" {
 			stdout, stderr, code = cliAll(t, env, append(args, "--json")...)
 			require.Equal(t, 2, code, "%v --json: %s", args, stderr)
