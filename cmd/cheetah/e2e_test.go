@@ -412,6 +412,8 @@ func TestCLIKeysHaveTheirOwnVariables(t *testing.T) {
 	require.Contains(t, progress.String(), "CHEETAH_URL", "the program's environment came back")
 	require.NotContains(t, progress.String(), client.Key, "the client key is not passed on")
 	require.NotContains(t, progress.String(), admin, "nor the admin key")
+	require.NoError(t, agentProc.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, agentProc.cmd.Wait(), "the agent was never refused")
 	require.NotContains(t, agentProc.out.String(), "4401")
 }
 
