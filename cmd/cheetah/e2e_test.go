@@ -417,6 +417,32 @@ func TestCLIKeysHaveTheirOwnVariables(t *testing.T) {
 	require.NotContains(t, agentProc.out.String(), "4401")
 }
 
+// TestCLIOldKeyVariableIsNotRead: CHEETAH_KEY is no key of any command; a
+// command without its key says which variable it reads, and repeats no key.
+func TestCLIOldKeyVariableIsNotRead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	const secret = "old-variable-secret-0123456789"
+	env := []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_KEY=" + secret, "CHEETAH_ADMIN_KEY=", "CHEETAH_CLIENT_KEY="}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{{[]string{"agent"}, "CHEETAH_CLIENT_KEY"}, {[]string{"pools"}, "CHEETAH_ADMIN_KEY"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, binary, c.args...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v: %s", c.args, out)
+		require.Equal(t, 4, ee.ExitCode(), "%v: no key: %s", c.args, out)
+		require.Contains(t, string(out), c.want)
+		require.NotContains(t, string(out), secret)
+	}
+}
+
 // TestCLIHelpNamesEachVariableOnce: a flag's help names its variable once.
 func TestCLIHelpNamesEachVariableOnce(t *testing.T) {
 	if testing.Short() {
