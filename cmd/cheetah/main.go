@@ -16,7 +16,9 @@ import (
 )
 
 // cli is the command tree. Every flag of a subcommand can also be set as
-// CHEETAH_<NAME>.
+// CHEETAH_<NAME>, but for the keys: --key is CHEETAH_CLIENT_KEY for the
+// agent and CHEETAH_ADMIN_KEY for the admin commands (as --admin-key is for
+// serve), so that neither key is ever taken for the other.
 type cli struct {
 	Serve   serveCmd   `cmd:"" help:"Run the broker."`
 	Agent   agentCmd   `cmd:"" help:"Run a console agent that offers command flows to a broker."`
