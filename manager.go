@@ -136,8 +136,9 @@ func (m *Manager) ListAvailable(ctx context.Context, userID string, clientType C
 	return out, err
 }
 
-// TaskContexts returns the live leases that carry a task, without tokens.
-func (m *Manager) TaskContexts(ctx context.Context, taskID, userID string) ([]Lease, error) {
+// TaskContexts returns the user's live leases that carry taskID, without
+// tokens, oldest epoch first. Like every other call, it takes the user first.
+func (m *Manager) TaskContexts(ctx context.Context, userID, taskID string) ([]Lease, error) {
 	ctx, span := start(ctx, m.tracer, "cheetah.TaskContexts", func() []attribute.KeyValue {
 		return []attribute.KeyValue{attrUserID.String(userID), attrTaskID.String(taskID)}
 	})
@@ -194,14 +195,29 @@ func (h *Handle) Lease() Lease {
 	return h.lease
 }
 
-// The handle's identity, for logging and routing. None of them is secret.
-func (h *Handle) UserID() string         { return h.Lease().UserID }
-func (h *Handle) ClientID() string       { return h.Lease().ClientID }
-func (h *Handle) ContextID() string      { return h.Lease().ContextID }
+// The handle's identity, for logging and routing. None of it is secret.
+
+// UserID returns the user whose context the handle holds.
+func (h *Handle) UserID() string { return h.Lease().UserID }
+
+// ClientID returns the client (extension or agent) the context belongs to.
+func (h *Handle) ClientID() string { return h.Lease().ClientID }
+
+// ContextID returns the context's id, unique within its client.
+func (h *Handle) ContextID() string { return h.Lease().ContextID }
+
+// ClientType returns the type of the context's client.
 func (h *Handle) ClientType() ClientType { return h.Lease().ClientType }
-func (h *Handle) TaskID() string         { return h.Lease().TaskID }
-func (h *Handle) Epoch() int64           { return h.Lease().Epoch }
-func (h *Handle) ExpiresAt() time.Time   { return h.Lease().ExpiresAt }
+
+// TaskID returns the task the context was acquired for.
+func (h *Handle) TaskID() string { return h.Lease().TaskID }
+
+// Epoch returns the lease's epoch: it grows with every assignment of the
+// context, and fences a stale handle off a later one.
+func (h *Handle) Epoch() int64 { return h.Lease().Epoch }
+
+// ExpiresAt returns when the lease ends unless renewed, as Lease says it.
+func (h *Handle) ExpiresAt() time.Time { return h.Lease().ExpiresAt }
 
 // String names the handle without its token.
 func (h *Handle) String() string {

@@ -47,6 +47,8 @@ type leaseAnswer struct {
 	Lease cheetah.Lease `json:"lease"`
 }
 
+// Acquire posts the request to /api/v1/acquire; a wait is sent in whole
+// milliseconds, rounded up.
 func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
 	body := acquireBody{
 		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
@@ -145,6 +147,8 @@ func commandRequest(lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOpt
 // which an empty token is; the API cannot carry an empty X-Lease.
 func errUnknownLease() error { return &cheetah.LeaseLostError{Reason: cheetah.LostUnknownLease} }
 
+// Send posts the command to /api/v1/commands with the lease token in
+// X-Lease and returns as soon as the broker admitted it.
 func (b *backend) Send(ctx context.Context, lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.Sent, error) {
 	body, headers, err := commandRequest(lease, cmd, so)
 	if err != nil {
@@ -248,6 +252,8 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	return *out.Resolution, nil
 }
 
+// Renew extends the lease through /api/v1/lease/renew; ttl zero keeps the
+// lease's own TTL.
 func (b *backend) Renew(ctx context.Context, lease cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
 	var body struct {
 		TTLS *int64 `json:"ttl_s,omitempty"`
@@ -269,6 +275,8 @@ func (b *backend) Renew(ctx context.Context, lease cheetah.Lease, ttl time.Durat
 	return out.Lease, nil
 }
 
+// Release gives the lease back through /api/v1/lease/release and reports
+// whether this call cleared it. A zero lease is not one: nothing is sent.
 func (b *backend) Release(ctx context.Context, lease cheetah.Lease) (bool, error) {
 	if lease.LeaseToken == "" {
 		return false, nil // no lease carries an empty token
@@ -300,6 +308,8 @@ func (b *backend) ReleaseAll(ctx context.Context, tokens []string) (int, error) 
 	return n, nil
 }
 
+// ListAvailable reads the user's idle contexts, of clientType when it is
+// not empty.
 func (b *backend) ListAvailable(ctx context.Context, userID string, clientType cheetah.ClientType) ([]cheetah.ContextSnapshot, error) {
 	p, err := userPath(userID)
 	if err != nil {
@@ -321,6 +331,8 @@ func (b *backend) ListAvailable(ctx context.Context, userID string, clientType c
 	return out.Contexts, nil
 }
 
+// TaskContexts reads the user's live leases that carry taskID, without
+// tokens; an empty task id has none and is not sent.
 func (b *backend) TaskContexts(ctx context.Context, userID, taskID string) ([]cheetah.Lease, error) {
 	p, err := userPath(userID)
 	if err != nil {
@@ -342,6 +354,8 @@ func (b *backend) TaskContexts(ctx context.Context, userID, taskID string) ([]ch
 	return out.Leases, nil
 }
 
+// ReadCommand reads one command of the user with every message that came
+// back for it.
 func (b *backend) ReadCommand(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error) {
 	p, err := userPath(userID)
 	if err != nil {
@@ -360,6 +374,8 @@ func (b *backend) ReadCommand(ctx context.Context, userID, commandID string) (ch
 	return out.Command, nil
 }
 
+// ListCommands reads a page of the user's commands, newest first, as q
+// filters and pages them.
 func (b *backend) ListCommands(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error) {
 	p, err := userPath(userID)
 	if err != nil {

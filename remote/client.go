@@ -209,6 +209,7 @@ type StatusError struct {
 	Body string
 }
 
+// Error names the status and the start of the answer.
 func (e *StatusError) Error() string {
 	msg := fmt.Sprintf("remote: HTTP %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 	if e.Body != "" {
@@ -230,6 +231,7 @@ type RateLimitedError struct {
 	Err        error
 }
 
+// Error is the broker's error, with the delay it asked for.
 func (e *RateLimitedError) Error() string {
 	if e.RetryAfter > 0 {
 		return fmt.Sprintf("%v (retry after %s)", e.Err, e.RetryAfter)
@@ -237,6 +239,8 @@ func (e *RateLimitedError) Error() string {
 	return e.Err.Error()
 }
 
+// Unwrap returns the broker's error, so errors.Is(err,
+// cheetah.ErrRateLimited) holds.
 func (e *RateLimitedError) Unwrap() error { return e.Err }
 
 // RetryAfter returns how long a rate-limited caller should wait before it

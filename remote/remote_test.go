@@ -280,11 +280,11 @@ func TestBackendRequests(t *testing.T) {
 	require.Equal(t, "client_type=browser", f.last().Query)
 
 	f.answer(answer{200, `{"leases":null}`, nil})
-	ls, err := m.TaskContexts(ctx, "catalog/42 ?", "usr_1")
+	ls, err := m.TaskContexts(ctx, "usr_1", "catalog/42 ?")
 	require.NoError(t, err)
 	require.NotNil(t, ls)
 	require.Equal(t, "/api/v1/users/usr_1/tasks/catalog%2F42%20%3F/leases", f.last().RawPath, "one escaped segment")
-	_, err = m.TaskContexts(ctx, "..", "usr_1")
+	_, err = m.TaskContexts(ctx, "usr_1", "..")
 	require.NoError(t, err)
 	require.Equal(t, "/api/v1/users/usr_1/tasks/%2E%2E/leases", f.last().RawPath, "a dot segment is not resolved away")
 
@@ -308,7 +308,7 @@ func TestBackendRequests(t *testing.T) {
 	require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
 	_, err = m.History().Read(ctx, "usr_1", "")
 	require.ErrorIs(t, err, cheetah.ErrNotFound)
-	ls, err = m.TaskContexts(ctx, "", "usr_1")
+	ls, err = m.TaskContexts(ctx, "usr_1", "")
 	require.NoError(t, err)
 	require.Empty(t, ls)
 	require.Len(t, f.requests(), n)

@@ -75,6 +75,7 @@ var scenarios = []scenario{
 	{"RenewOnUse", renewOnUse},
 	{"ListAvailable", listAvailable},
 	{"TaskContexts", taskContexts},
+	{"TaskContextsUserThenTask", taskContextsUserThenTask},
 	{"TaskIDWithSlash", taskIDWithSlash},
 	{"CommandFails", commandFails},
 	{"TimedOut", timedOut},
@@ -440,7 +441,7 @@ func lostContextGone(s *suite) {
 	ok, err := s.m.Release(s.ctx, h)
 	require.NoError(t, err)
 	require.False(t, ok)
-	leases, err := s.m.TaskContexts(s.ctx, "t", userA)
+	leases, err := s.m.TaskContexts(s.ctx, userA, "t")
 	require.NoError(t, err)
 	require.Empty(t, leases)
 }
@@ -477,7 +478,7 @@ func lostExpired(s *suite) {
 	s.agent(userA, "agent-1", 1, nil)
 	h := s.acquire(cheetah.AcquireRequest{TaskID: "short", TTL: time.Second})
 	s.eventually(func() bool {
-		ls, err := s.m.TaskContexts(s.ctx, "short", userA)
+		ls, err := s.m.TaskContexts(s.ctx, userA, "short")
 		return err == nil && len(ls) == 0
 	}, "the lease expires")
 	s.requireLost(h, cheetah.LostExpired)
@@ -578,7 +579,7 @@ func renew(s *suite) {
 	require.Equal(t, 120, h.Lease().TTLSeconds, "a renew keeps the TTL it was given")
 
 	// The broker's view agrees with the handle's.
-	ls, err := s.m.TaskContexts(s.ctx, "t", userA)
+	ls, err := s.m.TaskContexts(s.ctx, userA, "t")
 	require.NoError(t, err)
 	require.Len(t, ls, 1)
 	require.True(t, ls[0].ExpiresAt.Equal(h.ExpiresAt()), "%s vs %s", ls[0].ExpiresAt, h.ExpiresAt())
@@ -595,7 +596,7 @@ func renewOnUse(s *suite) {
 	s.agent(userA, "agent-1", 2, nil)
 	expiry := func(task string) time.Time {
 		t.Helper()
-		ls, err := s.m.TaskContexts(s.ctx, task, userA)
+		ls, err := s.m.TaskContexts(s.ctx, userA, task)
 		require.NoError(t, err)
 		require.Len(t, ls, 1)
 		return ls[0].ExpiresAt
@@ -675,7 +676,7 @@ func taskContexts(s *suite) {
 	h1 := s.acquire(cheetah.AcquireRequest{TaskID: "fan-out"})
 	h2 := s.acquire(cheetah.AcquireRequest{TaskID: "fan-out"})
 	s.acquire(cheetah.AcquireRequest{TaskID: "other"})
-	ls, err := s.m.TaskContexts(s.ctx, "fan-out", userA)
+	ls, err := s.m.TaskContexts(s.ctx, userA, "fan-out")
 	require.NoError(t, err)
 	require.Len(t, ls, 2)
 	for i, h := range []*cheetah.Handle{h1, h2} {
@@ -692,16 +693,36 @@ func taskContexts(s *suite) {
 	}
 	_, err = s.m.Release(s.ctx, h1)
 	require.NoError(t, err)
-	ls, err = s.m.TaskContexts(s.ctx, "fan-out", userA)
+	ls, err = s.m.TaskContexts(s.ctx, userA, "fan-out")
 	require.NoError(t, err)
 	require.Len(t, ls, 1)
 	require.Equal(t, h2.Epoch(), ls[0].Epoch)
 
 	for _, q := range []struct{ task, user string }{{"nothing", userA}, {"fan-out", userB}, {"", userA}} {
-		ls, err = s.m.TaskContexts(s.ctx, q.task, q.user)
+		ls, err = s.m.TaskContexts(s.ctx, q.user, q.task)
 		require.NoError(t, err)
 		require.NotNil(t, ls)
 		require.Empty(t, ls, "%+v", q)
+	}
+}
+
+// taskContextsUserThenTask: TaskContexts takes the user, then the task. Each
+// user's task is named after the other user, so a call that mixed the two
+// up would find the other user's lease instead of its own.
+func taskContextsUserThenTask(s *suite) {
+	t := s.t
+	s.agent(userA, "agent-a", 1, nil)
+	s.agent(userB, "agent-b", 1, nil)
+	ha := s.acquire(cheetah.AcquireRequest{UserID: userA, TaskID: userB})
+	hb := s.acquire(cheetah.AcquireRequest{UserID: userB, TaskID: userA})
+	for _, h := range []*cheetah.Handle{ha, hb} {
+		ls, err := s.m.TaskContexts(s.ctx, h.UserID(), h.TaskID())
+		require.NoError(t, err)
+		require.Len(t, ls, 1, "user %s, task %s", h.UserID(), h.TaskID())
+		require.Equal(t, h.UserID(), ls[0].UserID)
+		require.Equal(t, h.TaskID(), ls[0].TaskID)
+		require.Equal(t, h.ClientID(), ls[0].ClientID)
+		require.Equal(t, h.Epoch(), ls[0].Epoch)
 	}
 }
 
@@ -711,7 +732,7 @@ func taskIDWithSlash(s *suite) {
 	s.agent(userA, "agent-1", 1, nil)
 	for _, task := range []string{"catalog/42", "a b?c#d%2F", ".."} {
 		h := s.acquire(cheetah.AcquireRequest{TaskID: task})
-		ls, err := s.m.TaskContexts(s.ctx, task, userA)
+		ls, err := s.m.TaskContexts(s.ctx, userA, task)
 		require.NoError(t, err, task)
 		require.Len(t, ls, 1, task)
 		require.Equal(t, task, ls[0].TaskID)
@@ -915,7 +936,7 @@ func invalidReads(s *suite) {
 	for _, u := range []string{"", "bad user", "a/b", "..", "-lead"} {
 		_, err := s.m.ListAvailable(s.ctx, u, "")
 		requireCode(t, err, cheetah.ErrInvalidRequest, "available of "+u)
-		_, err = s.m.TaskContexts(s.ctx, "t", u)
+		_, err = s.m.TaskContexts(s.ctx, u, "t")
 		requireCode(t, err, cheetah.ErrInvalidRequest, "task contexts of "+u)
 		_, err = s.m.History().Read(s.ctx, u, "0193a4b0-0000-7000-8000-000000000000")
 		requireCode(t, err, cheetah.ErrInvalidRequest, "read of "+u)
@@ -945,7 +966,7 @@ func userBoundary(s *suite) {
 	page, err := s.m.History().List(s.ctx, userB, cheetah.ListQuery{})
 	require.NoError(t, err)
 	require.Empty(t, page.Commands)
-	ls, err := s.m.TaskContexts(s.ctx, "t", userB)
+	ls, err := s.m.TaskContexts(s.ctx, userB, "t")
 	require.NoError(t, err)
 	require.Len(t, ls, 1)
 	require.Equal(t, hb.Epoch(), ls[0].Epoch, "each user sees only its own lease")

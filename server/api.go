@@ -128,7 +128,11 @@ func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 				return
 			}
 		}
-		s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: fmt.Sprintf("a %s key may not do this", key.Kind)})
+		article := "a" // a client key; an app or admin key
+		if key.Kind == auth.App || key.Kind == auth.Admin {
+			article = "an"
+		}
+		s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: fmt.Sprintf("%s %s key may not do this", article, key.Kind)})
 	}
 }
 

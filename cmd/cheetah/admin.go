@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +15,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -29,18 +30,69 @@ const (
 	exitUnavailable = 5 // the broker or its store does not answer
 )
 
-// adminFlags are shared by every admin command.
+// adminKeyEnv names the admin commands' key: the variable `serve` reads its
+// admin key from, so one export serves both. The agent's client key has a
+// variable of its own (clientKeyEnv), so an exported admin key never
+// reaches an agent.
+const adminKeyEnv = "CHEETAH_ADMIN_KEY"
+
+// adminFlags are shared by every admin command. Kong adds each flag's
+// variable to its help.
 type adminFlags struct {
-	URL  string `default:"http://127.0.0.1:8420" help:"The broker's address (CHEETAH_URL)."`
-	Key  string `help:"An admin key (CHEETAH_KEY)."`
-	JSON bool   `name:"json" help:"Print JSON instead of a table."`
+	URL  string `default:"http://127.0.0.1:8420" help:"The broker's address, http:// or https://."`
+	Key  string `env:"CHEETAH_ADMIN_KEY" help:"An admin key."`
+	JSON bool   `name:"json" help:"Print JSON instead of a table; an error is then one JSON object on stderr."`
 }
 
+// jsonOutput reports whether errors are to be printed as JSON.
+func (f *adminFlags) jsonOutput() bool { return f.JSON }
+
 func (f *adminFlags) client() (*remote.Client, error) {
+	if err := checkURL(f.URL, "http", "https"); err != nil {
+		return nil, err
+	}
 	if f.Key == "" {
-		return nil, exitErr(exitDenied, errors.New("an admin key is required: --key or CHEETAH_KEY"))
+		return nil, exitErr(exitDenied, fmt.Errorf("an admin key is required: --key or %s%s", adminKeyEnv, oldKeyHint()))
 	}
 	return remote.NewClient(f.URL, f.Key), nil
+}
+
+// oldKeyHint explains a missing key when CHEETAH_KEY, which no command reads,
+// is set.
+func oldKeyHint() string {
+	if os.Getenv("CHEETAH_KEY") != "" {
+		return " (CHEETAH_KEY is not read: the admin commands read " + adminKeyEnv + ", the agent " + clientKeyEnv + ")"
+	}
+	return ""
+}
+
+// usageErr is a usage error: exit 2, before anything is sent.
+func usageErr(format string, args ...any) error {
+	return exitErr(exitUsage, fmt.Errorf(format, args...))
+}
+
+// checkURL refuses a broker address that is not an absolute URL with one of
+// schemes and a host. The address is not repeated: it is operator input
+// that may be anything, a key pasted in the wrong place included.
+func checkURL(raw string, schemes ...string) error {
+	u, err := url.Parse(raw)
+	if err != nil || !slices.Contains(schemes, u.Scheme) || u.Host == "" {
+		return usageErr("--url must be an absolute %s:// address with a host, such as http://127.0.0.1:8420", strings.Join(schemes, ":// or "))
+	}
+	return nil
+}
+
+// checkIDs refuses ids (pairs of a name and a value) that are not of the
+// broker's id form, which no user, client, context, key or command id
+// breaks. An empty value is refused too; optional filters are checked only
+// when set. Values are not repeated, for the reason checkURL gives.
+func checkIDs(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if !protocol.ValidID(pairs[i+1]) {
+			return usageErr("the %s is not a valid id: 1 to 128 letters, digits and _ . : - (not first)", pairs[i])
+		}
+	}
+	return nil
 }
 
 // call runs one API request with a bounded time.
@@ -92,6 +144,11 @@ type clientsCmd struct {
 }
 
 func (c *clientsCmd) Run() error {
+	if c.User != "" {
+		if err := checkIDs("user", c.User); err != nil {
+			return err
+		}
+	}
 	var out struct {
 		Clients []registry.ClientView `json:"clients"`
 	}
@@ -113,6 +170,11 @@ type leasesCmd struct {
 }
 
 func (c *leasesCmd) Run() error {
+	if c.User != "" {
+		if err := checkIDs("user", c.User); err != nil {
+			return err
+		}
+	}
 	var out struct {
 		Leases []cheetah.Lease `json:"leases"`
 	}
@@ -135,6 +197,9 @@ type historyCmd struct {
 }
 
 func (c *historyCmd) Run() error {
+	if err := checkIDs("command id", c.CommandID, "user", c.User); err != nil {
+		return err
+	}
 	var out struct {
 		Command cheetah.CommandRecord `json:"command"`
 	}
@@ -180,6 +245,11 @@ type keysCreateCmd struct {
 }
 
 func (c *keysCreateCmd) Run() error {
+	if c.User != "" {
+		if err := checkIDs("user", c.User); err != nil {
+			return err
+		}
+	}
 	var out auth.Created
 	body := map[string]string{"kind": c.Kind, "user_id": c.User, "name": c.Name}
 	if err := c.call("POST", "/api/v1/admin/keys", body, &out); err != nil {
@@ -224,6 +294,9 @@ type keysRevokeCmd struct {
 }
 
 func (c *keysRevokeCmd) Run() error {
+	if err := checkIDs("key id", c.ID); err != nil {
+		return err
+	}
 	var out map[string]any
 	if err := c.call("DELETE", "/api/v1/admin/keys/"+url.PathEscape(c.ID), nil, &out); err != nil {
 		return err
@@ -239,6 +312,9 @@ type revokeCmd struct {
 }
 
 func (c *revokeCmd) Run() error {
+	if err := checkIDs("user", c.User, "client id", c.Client, "context id", c.Context); err != nil {
+		return err
+	}
 	var out struct {
 		Revoked bool `json:"revoked"`
 	}
@@ -262,6 +338,9 @@ type disconnectCmd struct {
 }
 
 func (c *disconnectCmd) Run() error {
+	if err := checkIDs("user", c.User, "client id", c.Client); err != nil {
+		return err
+	}
 	var out struct {
 		Disconnected bool `json:"disconnected"`
 	}

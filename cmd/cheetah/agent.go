@@ -14,10 +14,14 @@ import (
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
+// clientKeyEnv names the agent's client key. It is not the admin commands'
+// variable (adminKeyEnv): an admin key exported for them is no client key.
+const clientKeyEnv = "CHEETAH_CLIENT_KEY"
+
 type agentCmd struct {
 	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
 	CAFile    string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
-	Key       string            `help:"A client key (or CHEETAH_KEY)."`
+	Key       string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
 	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
 	Name      string            `help:"A name shown to operators; default: the hostname."`
 	Flows     int               `default:"1" help:"How many console flows (contexts) to offer."`
@@ -32,15 +36,20 @@ func (c *agentCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	if c.Key == "" {
-		return fmt.Errorf("a client key is required: --key or CHEETAH_KEY")
+	if err := checkURL(c.URL, "http", "https", "ws", "wss"); err != nil {
+		return err
 	}
 	if c.Flows < 1 || c.Flows > 256 {
-		return fmt.Errorf("--flows must be from 1 to 256")
+		return usageErr("--flows must be from 1 to 256")
 	}
-	// Programs that exec runs inherit the agent's environment: the key must
-	// not be there for an allowed program to print back.
-	os.Unsetenv("CHEETAH_KEY")
+	if c.Key == "" {
+		return exitErr(exitDenied, fmt.Errorf("a client key is required: --key or %s%s", clientKeyEnv, oldKeyHint()))
+	}
+	// Programs that exec runs inherit the agent's environment: no key may
+	// be there for an allowed program to print back.
+	for _, v := range []string{clientKeyEnv, adminKeyEnv, "CHEETAH_KEY"} {
+		os.Unsetenv(v)
+	}
 	host, _ := os.Hostname()
 	if c.ClientID == "" {
 		c.ClientID = "console-" + host

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,7 +130,7 @@ func TestServeAgentExec(t *testing.T) {
 	require.Equal(t, 201, a.call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "client", "user_id": "usr_e2e", "name": "agent"}, &client))
 	require.Equal(t, 201, a.call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "app", "name": "app"}, &app))
 
-	start(t, []string{"CHEETAH_KEY=" + client.Key, "CHEETAH_URL=" + a.base}, "agent", "--client-id", "e2e-agent", "--flows", "2", "--allow", "sh")
+	start(t, []string{"CHEETAH_CLIENT_KEY=" + client.Key, "CHEETAH_URL=" + a.base}, "agent", "--client-id", "e2e-agent", "--flows", "2", "--allow", "sh")
 	var avail struct{ Contexts []cheetah.ContextSnapshot }
 	require.Eventually(t, func() bool {
 		a.call("GET", "/api/v1/users/usr_e2e/contexts/available?client_type=console", app.Key, nil, &avail)
@@ -241,6 +242,43 @@ func cli(t *testing.T, env []string, args ...string) (string, int) {
 	return out.String(), code
 }
 
+// cliAll runs the cheetah binary with env and returns its stdout, stderr and
+// exit code.
+func cliAll(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// jsonErr is what the CLI prints on stderr for an error with --json.
+type jsonErr struct {
+	Error struct{ Code, Message, Reason string }
+}
+
+// requireJSONError checks that stderr is one JSON error object with code
+// and that nothing went to stdout.
+func requireJSONError(t *testing.T, stdout, stderr, code string) jsonErr {
+	t.Helper()
+	require.Empty(t, stdout, "an error prints nothing on stdout")
+	dec := json.NewDecoder(strings.NewReader(stderr))
+	var e jsonErr
+	require.NoError(t, dec.Decode(&e), "stderr: %s", stderr)
+	require.False(t, dec.More(), "one object: %s", stderr)
+	require.Equal(t, code, e.Error.Code, stderr)
+	require.NotEmpty(t, e.Error.Message)
+	return e
+}
+
 // TestAdminCLI drives the admin commands against a real broker and checks
 // their output and exit codes.
 func TestAdminCLI(t *testing.T) {
@@ -252,7 +290,7 @@ func TestAdminCLI(t *testing.T) {
 	start(t, []string{"CHEETAH_ADMIN_KEY=" + admin, "CHEETAH_DATA_DIR=" + t.TempDir(), "CHEETAH_LISTEN=" + addr}, "serve")
 	a := api{t: t, base: "http://" + addr}
 	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
-	env := []string{"CHEETAH_URL=" + a.base, "CHEETAH_KEY=" + admin}
+	env := []string{"CHEETAH_URL=" + a.base, "CHEETAH_ADMIN_KEY=" + admin}
 
 	out, code := cli(t, env, "keys", "create", "--kind", "client", "--user", "usr_cli", "--name", "agent", "--json")
 	require.Zero(t, code)
@@ -264,7 +302,7 @@ func TestAdminCLI(t *testing.T) {
 	require.Contains(t, out, "webhook_secret")
 	require.Contains(t, out, "shown only this once")
 
-	start(t, []string{"CHEETAH_KEY=" + created.Key, "CHEETAH_URL=" + a.base}, "agent", "--client-id", "cli-agent", "--flows", "2")
+	start(t, []string{"CHEETAH_CLIENT_KEY=" + created.Key, "CHEETAH_URL=" + a.base}, "agent", "--client-id", "cli-agent", "--flows", "2")
 	require.Eventually(t, func() bool {
 		out, _ := cli(t, env, "pools", "--json")
 		return strings.Contains(out, `"idle": 2`)
@@ -299,12 +337,33 @@ func TestAdminCLI(t *testing.T) {
 	_, code = cli(t, env, "revoke", "usr_cli", "cli-agent", acq.Lease.ContextID)
 	require.Equal(t, 3, code, "nothing left to revoke")
 
-	_, code = cli(t, []string{"CHEETAH_URL=" + a.base, "CHEETAH_KEY=chk_bad_bad"}, "pools")
+	_, code = cli(t, []string{"CHEETAH_URL=" + a.base, "CHEETAH_ADMIN_KEY=chk_bad_bad"}, "pools")
 	require.Equal(t, 4, code)
 	_, code = cli(t, env, "pools", "--no-such-flag")
 	require.Equal(t, 2, code)
-	_, code = cli(t, []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_KEY=" + admin}, "pools")
+	_, code = cli(t, []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_ADMIN_KEY=" + admin}, "pools")
 	require.Equal(t, 5, code, "no broker there")
+
+	// With --json, an error is one JSON object on stderr.
+	stdout, stderr, code := cliAll(t, env, "history", waited.Resolution.CommandID, "--user", "usr_other", "--json")
+	require.Equal(t, 3, code)
+	requireJSONError(t, stdout, stderr, "not_found")
+	stdout, stderr, code = cliAll(t, []string{"CHEETAH_URL=" + a.base, "CHEETAH_ADMIN_KEY=chk_bad_bad"}, "pools", "--json")
+	require.Equal(t, 4, code)
+	requireJSONError(t, stdout, stderr, "unauthorized")
+	stdout, stderr, code = cliAll(t, []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_ADMIN_KEY=" + admin}, "pools", "--json")
+	require.Equal(t, 5, code)
+	requireJSONError(t, stdout, stderr, "unavailable")
+
+	// An app key is no admin key, and the answer says so in English.
+	out, code = cli(t, env, "keys", "create", "--kind", "app", "--name", "not-admin", "--json")
+	require.Zero(t, code)
+	var appKey struct{ Key string }
+	require.NoError(t, json.Unmarshal([]byte(out), &appKey))
+	_, stderr, code = cliAll(t, []string{"CHEETAH_URL=" + a.base, "CHEETAH_ADMIN_KEY=" + appKey.Key}, "pools")
+	require.Equal(t, 4, code)
+	require.Contains(t, stderr, "an app key may not do this")
+	require.NotContains(t, stderr, appKey.Key)
 
 	_, code = cli(t, env, "keys", "revoke", created.ID)
 	require.Zero(t, code)
@@ -312,6 +371,180 @@ func TestAdminCLI(t *testing.T) {
 	require.Zero(t, code)
 	require.Regexp(t, created.ID+`\s+client\s+usr_cli`, out)
 	require.NotContains(t, out, created.Key)
+}
+
+// TestCLIKeysHaveTheirOwnVariables: the agent reads its client key from
+// CHEETAH_CLIENT_KEY and the admin commands theirs from CHEETAH_ADMIN_KEY,
+// so one shell may export both; the programs the agent runs see neither.
+func TestCLIKeysHaveTheirOwnVariables(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	addr := freePort(t)
+	admin := "vars-admin-key-0123456789"
+	start(t, []string{"CHEETAH_ADMIN_KEY=" + admin, "CHEETAH_DATA_DIR=" + t.TempDir(), "CHEETAH_LISTEN=" + addr}, "serve")
+	a := api{t: t, base: "http://" + addr}
+	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+	var client struct{ Key string }
+	require.Equal(t, 201, a.call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "client", "user_id": "usr_vars", "name": "agent"}, &client))
+
+	// One environment for everything, as a shell that exported both.
+	env := []string{"CHEETAH_URL=" + a.base, "CHEETAH_ADMIN_KEY=" + admin, "CHEETAH_CLIENT_KEY=" + client.Key}
+	agentProc := start(t, env, "agent", "--client-id", "vars-agent", "--allow", "env")
+	require.Eventually(t, func() bool {
+		out, _ := cli(t, env, "pools", "--json")
+		return strings.Contains(out, `"idle": 1`)
+	}, 30*time.Second, 100*time.Millisecond, "the agent connected with its client key, and pools ran with the admin key")
+
+	var acq struct{ Lease cheetah.Lease }
+	require.Equal(t, 201, a.call("POST", "/api/v1/acquire", admin, map[string]any{"user_id": "usr_vars", "task_id": "env", "client_type": "console"}, &acq))
+	var waited struct{ Resolution cheetah.Resolution }
+	require.Equal(t, 200, a.call("POST", "/api/v1/commands/wait", admin,
+		map[string]any{"name": "exec", "params": map[string]any{"argv": []string{"env"}}, "timeout_ms": 20000}, &waited, "X-Lease", acq.Lease.LeaseToken))
+	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+	var read struct{ Command cheetah.CommandRecord }
+	require.Equal(t, 200, a.call("GET", "/api/v1/users/usr_vars/commands/"+waited.Resolution.CommandID, admin, nil, &read))
+	var progress strings.Builder
+	for _, m := range read.Command.Messages {
+		progress.Write(m.Data)
+	}
+	require.Contains(t, progress.String(), "CHEETAH_URL", "the program's environment came back")
+	require.NotContains(t, progress.String(), client.Key, "the client key is not passed on")
+	require.NotContains(t, progress.String(), admin, "nor the admin key")
+	require.NoError(t, agentProc.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, agentProc.cmd.Wait(), "the agent was never refused")
+	require.NotContains(t, agentProc.out.String(), "4401")
+}
+
+// TestCLIOldKeyVariableIsNotRead: CHEETAH_KEY is no key of any command; a
+// command without its key says which variable it reads, and repeats no key.
+func TestCLIOldKeyVariableIsNotRead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	const secret = "old-variable-secret-0123456789"
+	env := []string{"CHEETAH_URL=http://127.0.0.1:1", "CHEETAH_KEY=" + secret, "CHEETAH_ADMIN_KEY=", "CHEETAH_CLIENT_KEY="}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{{[]string{"agent"}, "CHEETAH_CLIENT_KEY"}, {[]string{"pools"}, "CHEETAH_ADMIN_KEY"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, binary, c.args...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v: %s", c.args, out)
+		require.Equal(t, 4, ee.ExitCode(), "%v: no key: %s", c.args, out)
+		require.Contains(t, string(out), c.want)
+		require.NotContains(t, string(out), secret)
+	}
+}
+
+// TestCLIHelpNamesEachVariableOnce: a flag's help names its variable once.
+func TestCLIHelpNamesEachVariableOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	for _, args := range [][]string{{"pools"}, {"keys", "create"}, {"revoke"}, {"agent"}, {"serve"}, {"migrate"}} {
+		out, _, code := cliAll(t, nil, append(args, "--help")...)
+		require.Zero(t, code, args)
+		vars := regexp.MustCompile(`CHEETAH_[A-Z_]+`).FindAllString(out, -1)
+		require.NotEmpty(t, vars, args)
+		seen := map[string]int{}
+		for _, v := range vars {
+			seen[v]++
+		}
+		for v, n := range seen {
+			require.Equal(t, 1, n, "%v --help names %s %d times:\n%s", args, v, n, out)
+		}
+		require.NotContains(t, out, "CHEETAH_KEY ", args)
+		require.NotContains(t, out, "CHEETAH_KEY)", args)
+		require.NotRegexp(t, `\ba app\b`, out, args)
+	}
+	out, _, _ := cliAll(t, nil, "agent", "--help")
+	require.Contains(t, out, "$CHEETAH_CLIENT_KEY")
+	require.NotContains(t, out, "CHEETAH_ADMIN_KEY")
+	out, _, _ = cliAll(t, nil, "pools", "--help")
+	require.Contains(t, out, "$CHEETAH_ADMIN_KEY")
+	require.NotContains(t, out, "CHEETAH_CLIENT_KEY")
+}
+
+// TestCLIUsageErrors: bad ids and addresses are usage errors (exit 2),
+// found before anything is sent; with --json they are JSON too.
+func TestCLIUsageErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	var mu sync.Mutex
+	var asked []string
+	broker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.Method+" "+r.URL.String())
+		mu.Unlock()
+		http.Error(w, `{"error":{"code":"not_found","message":"no"}}`, 404)
+	}))
+	t.Cleanup(broker.Close)
+	env := []string{"CHEETAH_URL=" + broker.URL, "CHEETAH_ADMIN_KEY=usage-admin-key", "CHEETAH_CLIENT_KEY=usage-client-key"}
+	for _, args := range [][]string{
+		{"revoke", "bad user!", "agent", "flow-1"},
+		{"revoke", "usr_1", "a/b", "flow-1"},
+		{"revoke", "usr_1", "agent", ".."},
+		{"disconnect", "usr_1", "bad client"},
+		{"history", "not an id", "--user", "usr_1"},
+		{"history", "0191", "--user", "usr/1"},
+		{"keys", "revoke", "../admin/keys"},
+		{"keys", "create", "--kind", "client", "--user", "bad user"},
+		{"clients", "--user", "bad user"},
+		{"leases", "--user", "usr 1"},
+		{"pools", "--url", "not-a-url"},
+		{"pools", "--url", "ftp://127.0.0.1:8420"},
+		{"pools", "--url", "http://"},
+		{"agent", "--url", "not-a-url"},
+		{"agent", "--flows", "0"},
+		{"pools", "--no-such-flag"},
+	} {
+		stdout, stderr, code := cliAll(t, env, args...)
+		require.Equal(t, 2, code, "%v: %s", args, stderr)
+		require.NotEmpty(t, stderr, args)
+		require.Empty(t, stdout, args)
+		if args[0] != "agent" {
+			stdout, stderr, code = cliAll(t, env, append(args, "--json")...)
+			require.Equal(t, 2, code, "%v --json: %s", args, stderr)
+			requireJSONError(t, stdout, stderr, "invalid_request")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, asked, "nothing reaches the broker")
+}
+
+// TestMigrateStatusCreatesNothing: migrate --status on a data dir that does
+// not exist says so and leaves it absent; migrate then creates it.
+func TestMigrateStatusCreatesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs processes")
+	}
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "absent")
+	_, stderr, code := cliAll(t, nil, "migrate", "--status", "--data-dir", dir)
+	require.Equal(t, 3, code, stderr)
+	require.Contains(t, stderr, "no store")
+	require.NoDirExists(t, dir)
+	_, stderr, code = cliAll(t, nil, "migrate", "--status", "--database-url", "sqlite://"+filepath.Join(dir, "x.db"))
+	require.Equal(t, 3, code, stderr)
+	require.NoDirExists(t, dir)
+
+	out, _, code := cliAll(t, nil, "migrate", "--data-dir", dir)
+	require.Zero(t, code)
+	require.Regexp(t, `1\s+00001_init.sql\s+true`, out)
+	out, _, code = cliAll(t, nil, "migrate", "--status", "--data-dir", dir)
+	require.Zero(t, code)
+	require.Regexp(t, `1\s+00001_init.sql\s+true`, out)
 }
 
 // post sends one request off the test's goroutine and reports what came
@@ -365,7 +598,7 @@ func newShutdownRig(t *testing.T, flows int, serveArgs ...string) *shutdownRig {
 	require.Equal(t, 201, r.a.call("POST", "/api/v1/admin/keys", r.admin, map[string]any{"kind": "client", "user_id": "usr_stop", "name": "agent"}, &client))
 	require.Equal(t, 201, r.a.call("POST", "/api/v1/admin/keys", r.admin, map[string]any{"kind": "app", "name": "app"}, &app))
 	r.app = app.Key
-	r.agent = start(t, []string{"CHEETAH_KEY=" + client.Key, "CHEETAH_URL=" + r.a.base},
+	r.agent = start(t, []string{"CHEETAH_CLIENT_KEY=" + client.Key, "CHEETAH_URL=" + r.a.base},
 		"agent", "--client-id", "stop-agent", "--flows", fmt.Sprint(flows), "--allow", "sleep")
 	var avail struct{ Contexts []cheetah.ContextSnapshot }
 	require.Eventually(t, func() bool {
@@ -644,7 +877,7 @@ func TestServeExportsOTLP(t *testing.T) {
 	require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
 	var client struct{ Key string }
 	require.Equal(t, 201, a.call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "client", "user_id": "usr_otlp", "name": "agent"}, &client))
-	agentProc := start(t, append([]string{"CHEETAH_KEY=" + client.Key, "CHEETAH_URL=" + a.base}, otelEnv...), "agent", "--client-id", "otlp-agent")
+	agentProc := start(t, append([]string{"CHEETAH_CLIENT_KEY=" + client.Key, "CHEETAH_URL=" + a.base}, otelEnv...), "agent", "--client-id", "otlp-agent")
 
 	var acq struct{ Lease cheetah.Lease }
 	require.Eventually(t, func() bool {

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/cheetahbroker/cheetah/history"
@@ -12,7 +16,34 @@ import (
 type migrateCmd struct {
 	DatabaseURL string `name:"database-url" help:"postgres://… for PostgreSQL; empty for the embedded SQLite file in --data-dir."`
 	DataDir     string `default:"./cheetah-data" help:"Folder of the embedded SQLite store."`
-	Status      bool   `help:"Only print which migrations are applied."`
+	Status      bool   `help:"Only print which migrations are applied; changes nothing, and creates no store."`
+}
+
+// sqliteFile is the SQLite file the flags name, or "" for PostgreSQL (or a
+// URL the store refuses, which it then reports). It mirrors the store's own
+// reading of --database-url.
+func (c *migrateCmd) sqliteFile() string {
+	u := c.DatabaseURL
+	var path string
+	switch {
+	case u == "":
+		dir := c.DataDir
+		if dir == "" {
+			dir = "."
+		}
+		return filepath.Join(dir, "cheetah.db")
+	case strings.HasPrefix(u, "sqlite://"):
+		path = strings.TrimPrefix(u, "sqlite://")
+	case strings.HasPrefix(u, "file:"):
+		path = strings.TrimPrefix(u, "file:")
+	default:
+		return ""
+	}
+	path, _, _ = strings.Cut(path, "?")
+	if path == ":memory:" {
+		return ""
+	}
+	return path
 }
 
 // Run applies every migration under the migration lock (unless --status)
@@ -22,6 +53,13 @@ func (c *migrateCmd) Run() error {
 	cfg := history.Config{DatabaseURL: c.DatabaseURL, DataDir: c.DataDir}
 	run := history.Migrate
 	if c.Status {
+		// Opening a SQLite store creates its folder and file: a status
+		// query on one that does not exist says so instead.
+		if f := c.sqliteFile(); f != "" {
+			if _, err := os.Stat(f); errors.Is(err, fs.ErrNotExist) {
+				return exitErr(exitNotFound, fmt.Errorf("migrate --status: no store at %s: nothing is applied (`cheetah migrate` creates it)", f))
+			}
+		}
 		run = history.MigrationStatus
 	}
 	versions, err := run(ctx, cfg)

@@ -133,7 +133,7 @@ func TestServeTLS(t *testing.T) {
 
 	var client struct{ Key string }
 	require.Equal(t, 201, call("POST", "/api/v1/admin/keys", admin, map[string]any{"kind": "client", "user_id": "usr_tls", "name": "agent"}, &client))
-	start(t, []string{"CHEETAH_KEY=" + client.Key}, "agent", "--url", base, "--ca-file", caFile, "--client-id", "tls-agent")
+	start(t, []string{"CHEETAH_CLIENT_KEY=" + client.Key}, "agent", "--url", base, "--ca-file", caFile, "--client-id", "tls-agent")
 	var avail struct{ Contexts []cheetah.ContextSnapshot }
 	require.Eventually(t, func() bool {
 		call("GET", "/api/v1/users/usr_tls/contexts/available?client_type=console", admin, nil, &avail)

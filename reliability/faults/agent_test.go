@@ -86,7 +86,7 @@ func newVictim(t *testing.T, heartbeat, grace time.Duration) *victim {
 	api := v.serve.API
 	v.cli = api.MakeKey(t, adminKey, "client", victimUser)
 	v.app = api.MakeKey(t, adminKey, "app", "")
-	v.agent = rig.Start(t, "agent", []string{"CHEETAH_KEY=" + v.cli}, bin, "agent",
+	v.agent = rig.Start(t, "agent", []string{"CHEETAH_CLIENT_KEY=" + v.cli}, bin, "agent",
 		"--url", api.Base, "--client-id", "victim-agent", "--flows", "2", "--allow", "sleep", "--log-level", "debug")
 	ok := rig.PollUntil(context.Background(), 30*time.Second, 20*time.Millisecond, func() bool {
 		var out struct{ Contexts []cheetah.ContextSnapshot }
