@@ -47,6 +47,7 @@ func Run(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"CopyBatch", testCopyBatch},
 		{"InterleavedMessages", testInterleavedMessages},
 		{"RefusedInSharedBatch", testRefusedInSharedBatch},
+		{"StoredNulls", testStoredNulls},
 	}
 	run(t, open, tests)
 }

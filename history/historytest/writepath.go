@@ -475,3 +475,65 @@ func testRefusedInSharedBatch(t *testing.T, ctx context.Context, s *history.Stor
 	t.Logf("batches retried one by one: %d", s.Stats().Retries)
 	require.Positive(t, s.Stats().Retries, "the refused request shared a batch at least once")
 }
+
+// testStoredNulls: what is absent is stored as NULL and what is empty but
+// present as empty, column by column, as the reads expect.
+func testStoredNulls(t *testing.T, ctx context.Context, s *history.Store) {
+	db := DB(t, s)
+	bare := newCommand("usr_1111", "t")
+	bare.Params = nil
+	hooked := newCommand("usr_1111", "t")
+	require.NoError(t, s.Write(ctx,
+		history.InsertCommand{Rec: bare, CallbackKeyID: "key_without_url"},
+		history.InsertCommand{Rec: hooked, CallbackURL: "https://hooks.example.com/h"},
+		history.AppendMessage{CommandID: bare.CommandID, Msg: cheetah.Message{Kind: cheetah.KindCapture, Mime: "image/png"}, Bytes: []byte{}},
+		history.AppendMessage{CommandID: bare.CommandID, Msg: cheetah.Message{Kind: cheetah.KindAck}},
+		history.SetStatus{CommandID: bare.CommandID, Status: cheetah.StatusFailed, Error: &cheetah.ErrorInfo{Code: "x"}},
+		history.SetDelivery{CommandID: hooked.CommandID, Attempts: 2},
+	))
+	var params, keyID, url, errMsg, errData, lastErr *string
+	var due *time.Time
+	require.NoError(t, db.QueryRowContext(ctx, Q(s, `SELECT params, callback_key_id, callback_url, error_message, error_data,
+		delivery_last_error, delivery_next_at FROM commands WHERE command_id = ?`), bare.CommandID).
+		Scan(&params, &keyID, &url, &errMsg, &errData, &lastErr, &due))
+	require.Nil(t, params)
+	require.Nil(t, keyID, "a key id without a URL is not stored")
+	require.Nil(t, url)
+	require.Nil(t, errMsg)
+	require.Nil(t, errData)
+	require.Nil(t, lastErr)
+	require.Nil(t, due)
+
+	var attempts int
+	require.NoError(t, db.QueryRowContext(ctx, Q(s, `SELECT delivery_attempts, delivery_last_error, delivery_next_at
+		FROM commands WHERE command_id = ?`), hooked.CommandID).Scan(&attempts, &lastErr, &due))
+	require.Equal(t, 2, attempts)
+	require.Nil(t, lastErr)
+	require.Nil(t, due)
+
+	type msgCols struct {
+		blobNull, dataNull bool
+		blobLen            int
+	}
+	rows, err := db.QueryContext(ctx, Q(s, `SELECT blob IS NULL, data IS NULL, COALESCE(length(blob), -1)
+		FROM messages WHERE command_id = ? ORDER BY seq`), bare.CommandID)
+	require.NoError(t, err)
+	defer rows.Close()
+	var got []msgCols
+	for rows.Next() {
+		var m msgCols
+		require.NoError(t, rows.Scan(&m.blobNull, &m.dataNull, &m.blobLen))
+		got = append(got, m)
+	}
+	require.NoError(t, rows.Err())
+	ack := msgCols{blobNull: true, dataNull: true, blobLen: -1} // an ack: neither bytes nor data
+	if s.Dialect() == history.DialectSQLite {
+		// The SQLite driver binds a nil []byte as an empty blob, and always
+		// has: reads only look at a capture's bytes.
+		ack = msgCols{blobNull: false, dataNull: true, blobLen: 0}
+	}
+	require.Equal(t, []msgCols{
+		{blobNull: false, dataNull: true, blobLen: 0}, // an empty capture: empty bytes, no data
+		ack,
+	}, got)
+}
