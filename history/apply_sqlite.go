@@ -5,9 +5,10 @@ import (
 	"database/sql"
 )
 
-// The SQLite write path: each statement is prepared once per transaction
-// and run once per row, with the values rows.go makes, so that what is
-// stored is what gorm stored.
+// The SQLite write path: each statement is prepared once per connection
+// (database/sql keeps a prepared statement per connection, and a
+// transaction reuses its connection's) and run once per row, with the
+// values rows.go makes, so that what is stored is what gorm stored.
 const (
 	sqliteInsertCommand = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
 	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
@@ -49,7 +50,8 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 			_ = tx.Rollback()
 		}
 	}()
-	if err := sqliteEach(ctx, tx, "history.InsertCommand", sqliteInsertCommand, len(p.cmds), func(i int) []any {
+	st := &s.sqliteStmts
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.insertCommand, "history.InsertCommand", sqliteInsertCommand, len(p.cmds), func(i int) []any {
 		r := &p.cmds[i]
 		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
 			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
@@ -58,20 +60,20 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, tx, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setStatus, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
 		c := &p.statuses[i]
 		code, msg, data := c.errCols()
 		return []any{c.commandID, c.status, c.rank, c.at[1], c.at[2], c.at[3], c.errRank, code, msg, data}
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, tx, "history.AppendMessage", sqliteAppendMessage, len(p.msgs), func(i int) []any {
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.appendMessage, "history.AppendMessage", sqliteAppendMessage, len(p.msgs), func(i int) []any {
 		r := &p.msgs[i]
 		return []any{r.CommandID, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, tx, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setDelivery, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
 		d := &p.deliveries[i]
 		return []any{d.Attempts, d.Delivered, text(d.LastError), utcPtr(&d.NextAt), d.CommandID}
 	}); err != nil {
@@ -80,19 +82,30 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	return tx.Commit() // a failure here is the commit's: apply says so
 }
 
-// sqliteEach prepares query in tx and runs it with args(i) for each of n
-// rows.
-func sqliteEach(ctx context.Context, tx *sql.Tx, name, query string, n int, args func(int) []any) error {
+// sqliteStmts are the write path's statements, prepared on first use. Only
+// the writer goroutine touches them.
+type sqliteStmts struct {
+	insertCommand, setStatus, appendMessage, setDelivery *sql.Stmt
+}
+
+// sqliteEach runs query in tx with args(i) for each of n rows. *stmt is
+// query prepared on db, prepared here on first use; in tx it runs as the
+// statement already prepared on tx's connection, or is prepared there once.
+func sqliteEach(ctx context.Context, db *sql.DB, tx *sql.Tx, stmt **sql.Stmt, name, query string, n int, args func(int) []any) error {
 	if n == 0 {
 		return nil
 	}
-	stmt, err := tx.PrepareContext(ctx, query)
-	if err != nil {
-		return fail(name, err)
+	if *stmt == nil {
+		prepared, err := db.PrepareContext(ctx, query)
+		if err != nil {
+			return fail(name, err)
+		}
+		*stmt = prepared
 	}
-	defer stmt.Close()
+	txStmt := tx.StmtContext(ctx, *stmt)
+	defer txStmt.Close()
 	for i := range n {
-		if _, err := stmt.ExecContext(ctx, args(i)...); err != nil {
+		if _, err := txStmt.ExecContext(ctx, args(i)...); err != nil {
 			return fail(name, err)
 		}
 	}

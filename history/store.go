@@ -107,6 +107,9 @@ type Store struct {
 	heldBytes  int
 	maxHeld    int
 	warnedDrop bool
+	// The SQLite write path's prepared statements (see applySQLite); only
+	// the writer goroutine touches them.
+	sqliteStmts sqliteStmts
 }
 
 // maxBatchSize keeps the one seq query of a batch (an IN list with a
