@@ -79,6 +79,11 @@ func (s *Store) applyPostgres(ctx context.Context, p *writePlan) error {
 	defer conn.Close()
 	return conn.Raw(func(dc any) error {
 		pc := dc.(*stdlib.Conn).Conn()
+		if p.empty() {
+			// Nothing to write (a Write used as a barrier) still asks the
+			// database, so that it says whether the database answers.
+			return pc.Ping(ctx)
+		}
 		if len(p.cmds) < copyThreshold {
 			return pgPipeline(ctx, pc, p, true)
 		}

@@ -45,6 +45,10 @@ func (c *statusChange) errCols() (code, message, data *string) {
 	return code, text(e.Message), jsonText(e.Data)
 }
 
+func (p *writePlan) empty() bool {
+	return len(p.cmds) == 0 && len(p.statuses) == 0 && len(p.msgs) == 0 && len(p.deliveries) == 0
+}
+
 func planOps(ops []Op) writePlan {
 	var p writePlan
 	var (

@@ -537,3 +537,17 @@ func testStoredNulls(t *testing.T, ctx context.Context, s *history.Store) {
 		ack,
 	}, got)
 }
+
+// testEmptyWriteAsks: a Write with no ops, which waits for every write
+// before it, also asks the database, so that it fails while the database
+// does not answer and succeeds once it does.
+func testEmptyWriteAsks(t *testing.T, ctx context.Context, s *history.Store) {
+	require.NoError(t, s.Write(ctx))
+	restore := Outage(t, s)
+	require.ErrorIs(t, s.Write(ctx), cheetah.ErrStoreUnavailable)
+	// Status changes that can never apply make no write either.
+	require.ErrorIs(t, s.Write(ctx, history.SetStatus{CommandID: "c-unknown", Status: cheetah.StatusAdmitted}), cheetah.ErrStoreUnavailable)
+	restore()
+	waitHealthy(t, s)
+	require.NoError(t, s.Write(ctx))
+}
