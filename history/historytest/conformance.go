@@ -48,6 +48,7 @@ func Run(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"InterleavedMessages", testInterleavedMessages},
 		{"RefusedInSharedBatch", testRefusedInSharedBatch},
 		{"StoredNulls", testStoredNulls},
+		{"DeliveryFold", testDeliveryFold},
 	}
 	run(t, open, tests)
 }

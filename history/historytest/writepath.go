@@ -551,3 +551,23 @@ func testEmptyWriteAsks(t *testing.T, ctx context.Context, s *history.Store) {
 	waitHealthy(t, s)
 	require.NoError(t, s.Write(ctx))
 }
+
+// testDeliveryFold: of a command's delivery states in one batch, the last
+// is what stays, as if each were written in turn.
+func testDeliveryFold(t *testing.T, ctx context.Context, s *history.Store) {
+	db := DB(t, s)
+	a, b := newCommand("usr_1111", "t"), newCommand("usr_1111", "t")
+	next := time.Now().Add(time.Minute)
+	require.NoError(t, s.Write(ctx,
+		history.InsertCommand{Rec: a, CallbackURL: "https://hooks.example.com/a"},
+		history.InsertCommand{Rec: b, CallbackURL: "https://hooks.example.com/b"},
+		history.SetStatus{CommandID: a.CommandID, Status: cheetah.StatusCompleted},
+		history.SetDelivery{CommandID: a.CommandID, Attempts: 1, LastError: "503", NextAt: next},
+		history.SetDelivery{CommandID: b.CommandID, Attempts: 1, LastError: "timeout", NextAt: next},
+		history.SetDelivery{CommandID: a.CommandID, Attempts: 2, Delivered: true},
+	))
+	require.Equal(t, &cheetah.Delivery{URL: "https://hooks.example.com/a", Attempts: 2, Delivered: true}, get(t, ctx, s, a).Delivery)
+	require.Nil(t, deliveryDue(t, ctx, s, db, a.CommandID))
+	require.Equal(t, &cheetah.Delivery{URL: "https://hooks.example.com/b", Attempts: 1, LastError: "timeout"}, get(t, ctx, s, b).Delivery)
+	require.Equal(t, ptr(micro(next)), deliveryDue(t, ctx, s, db, b.CommandID))
+}
