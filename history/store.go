@@ -1,7 +1,9 @@
 // Package history is Cheetah's durable store: every command with every
 // message that came back for it, the epoch high-water mark and the API keys.
 // It runs on PostgreSQL or on an embedded SQLite file with one implementation;
-// the SQL differs only in the migrations.
+// the SQL differs in the migrations and in the writer's hot path, which
+// talks to each database directly (apply_pg.go, apply_sqlite.go) while gorm
+// serves the schema, the reads, the keys and administration.
 //
 // Writes go through one writer goroutine that groups the operations of many
 // callers into one transaction (group commit), so a busy broker pays one
@@ -107,10 +109,13 @@ type Store struct {
 	heldBytes  int
 	maxHeld    int
 	warnedDrop bool
+	// The SQLite write path's prepared statements (see applySQLite); only
+	// the writer goroutine touches them.
+	sqliteStmts sqliteStmts
 }
 
-// maxBatchSize keeps the one seq query of a batch (an IN list with a
-// parameter per command) well under SQLite's 32766 bind parameters.
+// maxBatchSize bounds how long one group commit holds the database's write
+// lock, and what a batch that fails costs to retry one request at a time.
 const maxBatchSize = 4096
 
 // Open connects to the database, applies the migrations and starts the

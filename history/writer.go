@@ -568,68 +568,25 @@ func opsBytes(ops []Op) int {
 // apply runs ops in one transaction and returns the first error, wrapped
 // with the failing op's name.
 //
-// Within the transaction, ops are grouped by kind rather than run one by one:
-// all inserts in one multi-row INSERT, then the status changes in enqueue
-// order, then all messages in one multi-row INSERT. Nobody sees the
+// Within the transaction, ops are grouped by kind rather than run one by one
+// (see writePlan): all inserts, then the status changes folded to one per
+// command, then all messages, then the delivery states. Nobody sees the
 // transaction until it commits, so this gives the same result as running the
 // ops in order: a command's insert precedes its status and messages, status
 // changes keep their order (the first terminal wins), and messages keep
-// their order (their seq).
+// their order (their seq). Each dialect has its own write path
+// (applyPostgres, applySQLite); gorm is not on it.
 func (s *Store) apply(ops []Op) (err error) {
 	start := time.Now()
 	defer func() { s.inst.record(time.Since(start), len(ops), err) }()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	var (
-		cmds       []commandRow
-		statuses   []SetStatus
-		msgs       []AppendMessage
-		deliveries []SetDelivery
-	)
-	for _, op := range ops {
-		switch o := op.(type) {
-		case InsertCommand:
-			cmds = append(cmds, newCommandRow(o))
-		case SetStatus:
-			statuses = append(statuses, o)
-		case AppendMessage:
-			msgs = append(msgs, o)
-		case SetDelivery:
-			deliveries = append(deliveries, o)
-		}
+	p := planOps(ops)
+	if s.dialect == DialectPostgres {
+		err = s.applyPostgres(ctx, &p)
+	} else {
+		err = s.applySQLite(ctx, &p)
 	}
-	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if len(cmds) > 0 {
-			// Chunks keep a statement under the dialects' bind-parameter
-			// limits (65535 for PostgreSQL, 32766 for SQLite) whatever
-			// BatchSize is.
-			if err := tx.CreateInBatches(cmds, 500).Error; err != nil {
-				return fail("history.InsertCommand", err)
-			}
-		}
-		for _, st := range statuses {
-			if err := setStatus(tx, st); err != nil {
-				return fail("history.SetStatus", err)
-			}
-		}
-		if len(msgs) > 0 {
-			if err := appendMessages(tx, msgs); err != nil {
-				return fail("history.AppendMessage", err)
-			}
-		}
-		for _, d := range deliveries {
-			err := tx.Model(&commandRow{}).Where("command_id = ?", d.CommandID).Updates(map[string]any{
-				"delivery_attempts":   d.Attempts,
-				"delivered":           d.Delivered,
-				"delivery_last_error": text(d.LastError),
-				"delivery_next_at":    utcPtr(&d.NextAt),
-			}).Error
-			if err != nil {
-				return fail("history.SetDelivery", err)
-			}
-		}
-		return nil
-	})
 	if err != nil {
 		if !errors.Is(err, cheetah.ErrStoreUnavailable) && !errors.Is(err, cheetah.ErrInvalidRequest) && !isRefused(err) {
 			// The commit itself failed, or BEGIN did: the database did not
@@ -641,64 +598,4 @@ func (s *Store) apply(ops []Op) (err error) {
 	s.stats.batches.Add(1)
 	s.stats.ops.Add(int64(len(ops)))
 	return nil
-}
-
-func setStatus(tx *gorm.DB, st SetStatus) error {
-	rank := st.Status.Rank()
-	at := st.At
-	if at.IsZero() {
-		at = time.Now()
-	}
-	set := map[string]any{"status": string(st.Status), "status_rank": rank}
-	switch rank {
-	case 1:
-		set["dispatched_at"] = utc(at)
-	case 2:
-		set["acked_at"] = utc(at)
-	case 3:
-		set["finished_at"] = utc(at)
-		// The webhook worker polls delivery_next_at. (THEN keeps the column's
-		// own value, not NULL, so that PostgreSQL types the parameter.)
-		set["delivery_next_at"] = gorm.Expr("CASE WHEN callback_url IS NULL THEN delivery_next_at ELSE ? END", utc(at))
-	}
-	if e := st.Error; e != nil {
-		set["error_code"], set["error_message"], set["error_data"] = e.Code, text(e.Message), jsonText(e.Data)
-	}
-	return tx.Model(&commandRow{}).Where("command_id = ? AND status_rank < ?", st.CommandID, rank).Updates(set).Error
-}
-
-// appendMessages numbers the messages and inserts them. One query reads the
-// current last seq of every command in the batch; the rest is counting in
-// Go. This runs in the writer's transaction, and this process has one
-// writer, so nobody numbers the same command at the same time. (Two brokers
-// writing one command's messages would collide on the primary key and the
-// loser's request would fail; a command's messages come from the one
-// connection its client holds.)
-func appendMessages(tx *gorm.DB, msgs []AppendMessage) error {
-	ids := make([]string, 0, len(msgs))
-	last := make(map[string]int64, len(msgs))
-	for _, m := range msgs {
-		if _, ok := last[m.CommandID]; !ok {
-			last[m.CommandID] = 0
-			ids = append(ids, m.CommandID)
-		}
-	}
-	var maxes []struct {
-		CommandID string
-		Seq       int64
-	}
-	err := tx.Raw("SELECT command_id, MAX(seq) AS seq FROM messages WHERE command_id IN ? GROUP BY command_id", ids).
-		Scan(&maxes).Error
-	if err != nil {
-		return err
-	}
-	for _, m := range maxes {
-		last[m.CommandID] = m.Seq
-	}
-	rows := make([]messageRow, 0, len(msgs))
-	for _, m := range msgs {
-		last[m.CommandID]++
-		rows = append(rows, newMessageRow(m, last[m.CommandID]))
-	}
-	return tx.CreateInBatches(rows, 1000).Error
 }

@@ -41,6 +41,14 @@ func Run(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"GroupCommit", testGroupCommit},
 		{"FailingOpIsolated", testFailingOp},
 		{"Closed", testClosed},
+		{"StatusFoldInBatch", testStatusFoldCases},
+		{"StatusFoldMatchesOneByOne", testStatusFoldMatchesOneByOne},
+		{"UnicodeAndLargeJSON", testUnicodeAndLargeJSON},
+		{"CopyBatch", testCopyBatch},
+		{"InterleavedMessages", testInterleavedMessages},
+		{"RefusedInSharedBatch", testRefusedInSharedBatch},
+		{"StoredNulls", testStoredNulls},
+		{"DeliveryFold", testDeliveryFold},
 	}
 	run(t, open, tests)
 }

@@ -24,6 +24,7 @@ func RunOutage(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"HealthProbe", testHealthProbe},
 		{"OutageUnderLoad", testOutageUnderLoad},
 		{"HealthHoldsThroughOutage", testHealthHolds},
+		{"EmptyWriteAsks", testEmptyWriteAsks},
 	})
 }
 

@@ -1,0 +1,117 @@
+package history
+
+import (
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+)
+
+// writePlan is a batch of ops sorted by kind and folded, ready for a
+// dialect's write path: the rows to insert, one status change per command,
+// the messages in enqueue order and one delivery state per command.
+type writePlan struct {
+	cmds       []commandRow
+	statuses   []statusChange
+	msgs       []messageRow // Seq is the message's place among its command's messages in this batch, 1, 2, 3…
+	deliveries []SetDelivery
+}
+
+// statusChange is what the SetStatus ops of one command in one batch amount
+// to. Run one by one, each applies only where the stored rank is lower than
+// its own, so of a command's ops only those that rank higher than every one
+// before them in the batch can ever apply (a later op of the same or a lower
+// rank finds the row already there or beyond), and each of those applies
+// exactly when it ranks higher than the stored status. So: status and rank
+// are the highest such op's, which applies where the stored rank is lower;
+// at[k] is the time of the op of rank k, set where the stored rank is below
+// k; the error is the last such op's that carried one, set where the stored
+// rank is below errRank.
+type statusChange struct {
+	commandID string
+	status    string
+	rank      int
+	at        [4]*time.Time // by rank: 1 dispatched_at, 2 acked_at, 3 finished_at
+	errRank   int           // -1: no error to set
+	err       *cheetah.ErrorInfo
+}
+
+// errCols returns the error columns as SetStatus stores them.
+func (c *statusChange) errCols() (code, message, data *string) {
+	if c.err == nil {
+		return nil, nil, nil
+	}
+	e := c.err
+	code = &e.Code
+	return code, text(e.Message), jsonText(e.Data)
+}
+
+func (p *writePlan) empty() bool {
+	return len(p.cmds) == 0 && len(p.statuses) == 0 && len(p.msgs) == 0 && len(p.deliveries) == 0
+}
+
+func planOps(ops []Op) writePlan {
+	var p writePlan
+	var (
+		statusAt   map[string]int
+		deliveryAt map[string]int
+		msgCount   map[string]int64
+	)
+	for _, op := range ops {
+		switch o := op.(type) {
+		case InsertCommand:
+			p.cmds = append(p.cmds, newCommandRow(o))
+		case SetStatus:
+			if statusAt == nil {
+				statusAt = make(map[string]int)
+			}
+			i, ok := statusAt[o.CommandID]
+			if !ok {
+				i = len(p.statuses)
+				statusAt[o.CommandID] = i
+				p.statuses = append(p.statuses, statusChange{commandID: o.CommandID, errRank: -1})
+			}
+			c := &p.statuses[i]
+			rank := o.Status.Rank()
+			if rank <= c.rank {
+				// Admitted (rank 0) never applies, and nothing applies
+				// after an op of its rank or higher.
+				continue
+			}
+			at := o.At
+			if at.IsZero() {
+				at = time.Now()
+			}
+			u := utc(at)
+			c.status, c.rank, c.at[rank] = string(o.Status), rank, &u
+			if o.Error != nil {
+				c.errRank, c.err = rank, o.Error
+			}
+		case AppendMessage:
+			if msgCount == nil {
+				msgCount = make(map[string]int64)
+			}
+			msgCount[o.CommandID]++
+			p.msgs = append(p.msgs, newMessageRow(o, msgCount[o.CommandID]))
+		case SetDelivery:
+			// Each overwrites the last: only the last of a command's counts.
+			if deliveryAt == nil {
+				deliveryAt = make(map[string]int)
+			}
+			if i, ok := deliveryAt[o.CommandID]; ok {
+				p.deliveries[i] = o
+				continue
+			}
+			deliveryAt[o.CommandID] = len(p.deliveries)
+			p.deliveries = append(p.deliveries, o)
+		}
+	}
+	// Commands whose only status ops were admitted: nothing to change.
+	kept := p.statuses[:0]
+	for _, c := range p.statuses {
+		if c.rank > 0 {
+			kept = append(kept, c)
+		}
+	}
+	p.statuses = kept
+	return p
+}

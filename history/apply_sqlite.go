@@ -1,0 +1,113 @@
+package history
+
+import (
+	"context"
+	"database/sql"
+)
+
+// The SQLite write path: each statement is prepared once per connection
+// (database/sql keeps a prepared statement per connection, and a
+// transaction reuses its connection's) and run once per row, with the
+// values rows.go makes, so that what is stored is what gorm stored.
+const (
+	sqliteInsertCommand = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
+	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
+	callback_url, callback_key_id, created_at, dispatched_at, acked_at, finished_at,
+	delivery_attempts, delivered, delivery_last_error, delivery_next_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+	// See statusChange, and pgSetStatuses. The right-hand side reads the
+	// row as it was before this UPDATE.
+	sqliteSetStatus = `UPDATE commands SET
+	status = ?2,
+	status_rank = ?3,
+	dispatched_at = CASE WHEN ?4 IS NOT NULL AND status_rank < 1 THEN ?4 ELSE dispatched_at END,
+	acked_at = CASE WHEN ?5 IS NOT NULL AND status_rank < 2 THEN ?5 ELSE acked_at END,
+	finished_at = CASE WHEN ?6 IS NOT NULL AND status_rank < 3 THEN ?6 ELSE finished_at END,
+	delivery_next_at = CASE WHEN ?6 IS NOT NULL AND status_rank < 3 AND callback_url IS NOT NULL THEN ?6 ELSE delivery_next_at END,
+	error_code = CASE WHEN ?7 > status_rank THEN ?8 ELSE error_code END,
+	error_message = CASE WHEN ?7 > status_rank THEN ?9 ELSE error_message END,
+	error_data = CASE WHEN ?7 > status_rank THEN ?10 ELSE error_data END
+WHERE command_id = ?1 AND status_rank < ?3`
+
+	// Each message goes after its command's last one, which includes those
+	// inserted before it in this transaction: enqueue order.
+	sqliteAppendMessage = `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
+VALUES (?1, COALESCE((SELECT MAX(seq) FROM messages WHERE command_id = ?1), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`
+
+	sqliteSetDelivery = `UPDATE commands SET delivery_attempts = ?, delivered = ?, delivery_last_error = ?, delivery_next_at = ?
+WHERE command_id = ?`
+)
+
+// applySQLite writes p in one transaction (BEGIN IMMEDIATE: see sqliteDSN).
+func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
+	tx, err := s.sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return fail("history.begin", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	st := &s.sqliteStmts
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.insertCommand, "history.InsertCommand", sqliteInsertCommand, len(p.cmds), func(i int) []any {
+		r := &p.cmds[i]
+		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
+			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
+			r.CallbackURL, r.CallbackKeyID, r.CreatedAt, r.DispatchedAt, r.AckedAt, r.FinishedAt,
+			r.DeliveryAttempts, r.Delivered, r.DeliveryLastError, r.DeliveryNextAt}
+	}); err != nil {
+		return err
+	}
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setStatus, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
+		c := &p.statuses[i]
+		code, msg, data := c.errCols()
+		return []any{c.commandID, c.status, c.rank, c.at[1], c.at[2], c.at[3], c.errRank, code, msg, data}
+	}); err != nil {
+		return err
+	}
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.appendMessage, "history.AppendMessage", sqliteAppendMessage, len(p.msgs), func(i int) []any {
+		r := &p.msgs[i]
+		return []any{r.CommandID, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
+	}); err != nil {
+		return err
+	}
+	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setDelivery, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
+		d := &p.deliveries[i]
+		return []any{d.Attempts, d.Delivered, text(d.LastError), utcPtr(&d.NextAt), d.CommandID}
+	}); err != nil {
+		return err
+	}
+	return tx.Commit() // a failure here is the commit's: apply says so
+}
+
+// sqliteStmts are the write path's statements, prepared on first use. Only
+// the writer goroutine touches them.
+type sqliteStmts struct {
+	insertCommand, setStatus, appendMessage, setDelivery *sql.Stmt
+}
+
+// sqliteEach runs query in tx with args(i) for each of n rows. *stmt is
+// query prepared on db, prepared here on first use; in tx it runs as the
+// statement already prepared on tx's connection, or is prepared there once.
+func sqliteEach(ctx context.Context, db *sql.DB, tx *sql.Tx, stmt **sql.Stmt, name, query string, n int, args func(int) []any) error {
+	if n == 0 {
+		return nil
+	}
+	if *stmt == nil {
+		prepared, err := db.PrepareContext(ctx, query)
+		if err != nil {
+			return fail(name, err)
+		}
+		*stmt = prepared
+	}
+	txStmt := tx.StmtContext(ctx, *stmt)
+	defer txStmt.Close()
+	for i := range n {
+		if _, err := txStmt.ExecContext(ctx, args(i)...); err != nil {
+			return fail(name, err)
+		}
+	}
+	return nil
+}
