@@ -105,6 +105,8 @@ func (c *checker) labels(field string, m map[string]string) {
 		switch {
 		case k == "":
 			c.fail(field, "has an empty key")
+		case !NoNUL(k) || !NoNUL(v):
+			c.fail(field, "must not contain NUL (\\u0000)")
 		case utf8.RuneCountInString(k) > MaxLabelKeyLen:
 			c.fail(field, "has a key longer than %d characters", MaxLabelKeyLen)
 		case utf8.RuneCountInString(v) > MaxLabelValueLen:
@@ -117,8 +119,23 @@ func (c *checker) labels(field string, m map[string]string) {
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
 func (c *checker) json(field string, v json.RawMessage) {
-	if len(v) > 0 && (!json.Valid(v) || !utf8.Valid(v)) {
+	if len(v) == 0 {
+		return
+	}
+	if !json.Valid(v) || !utf8.Valid(v) {
 		c.fail(field, "must be valid JSON in UTF-8")
+		return
+	}
+	if je := CheckJSON(v, MaxJSONDepth); je != nil {
+		c.fail(field, "%s", je.Msg)
+	}
+}
+
+// text checks a string the broker may store: no NUL. (UTF-8 is checked for
+// the whole frame.)
+func (c *checker) text(field, v string) {
+	if !NoNUL(v) {
+		c.fail(field, "must not contain NUL (\\u0000)")
 	}
 }
 
@@ -140,7 +157,10 @@ func (f *Hello) validate() error {
 		c.fail("protocol", "is %d, but only protocol version %d is supported", f.Protocol, ProtocolVersion)
 	}
 	c.nonEmpty("token", f.Token)
+	c.text("token", f.Token)
 	c.id("client_id", f.ClientID)
+	c.text("name", f.Name)
+	c.text("version", f.Version)
 	if !f.ClientType.Valid() {
 		c.fail("client_type", "must be %q or %q", ClientBrowser, ClientConsole)
 	}
@@ -166,6 +186,9 @@ func (f *State) validate() error {
 		if !ctx.Owner.Valid() {
 			c.fail(path+"owner", "must be %q or %q", OwnerWorker, OwnerHuman)
 		}
+		c.text(path+"tab_id", ctx.TabID)
+		c.text(path+"url", ctx.URL)
+		c.text(path+"title", ctx.Title)
 		c.labels(path+"labels", ctx.Labels)
 		if c.err != nil {
 			break
@@ -191,6 +214,7 @@ func (f *Event) validate() error {
 	c := &checker{frame: TypeEvent}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("name", f.Name)
+	c.text("name", f.Name)
 	c.json("data", f.Data)
 	return c.result()
 }
@@ -199,6 +223,7 @@ func (f *Capture) validate() error {
 	c := &checker{frame: TypeCapture}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("mime", f.MIME)
+	c.text("mime", f.MIME)
 	// Data may be empty: a capture of nothing is odd, but not malformed.
 	if _, err := base64.StdEncoding.DecodeString(f.Data); err != nil {
 		c.fail("data", "must be standard base64")
@@ -216,6 +241,7 @@ func (f *Result) validate() error {
 func (f *Error) validate() error {
 	c := &checker{frame: TypeError}
 	c.nonEmpty("code", string(f.Code))
+	c.text("code", string(f.Code))
 	c.json("data", f.Data)
 	return c.result()
 }
@@ -241,8 +267,10 @@ func (f *Command) validate() error {
 	c.nonEmpty("command_id", f.CommandID)
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
+	c.text("task_id", f.TaskID)
 	c.nonNegative("epoch", f.Epoch)
 	c.nonEmpty("name", f.Name)
+	c.text("name", f.Name)
 	c.json("params", f.Params)
 	c.object("target", f.Target)
 	if !f.ResponseMode.Valid() {
