@@ -58,7 +58,9 @@ func CheckJSON(b []byte, maxDepth int) *JSONError {
 			if errors.As(err, &se) {
 				field := topField(se.JSONPointer)
 				if errors.Is(se.Err, jsontext.ErrDuplicateName) {
-					return &JSONError{Field: field, Msg: fmt.Sprintf("has the member %q twice", lastName(se.JSONPointer))}
+					// The pointer names the member; the object is its parent.
+					return &JSONError{Field: topField(se.JSONPointer.Parent()),
+						Msg: fmt.Sprintf("has the member %q twice", lastName(se.JSONPointer))}
 				}
 				if m := se.Err.Error(); strings.Contains(m, "UTF-8") || strings.Contains(m, "surrogate") {
 					return &JSONError{Field: field, Msg: "is not valid UTF-8 (an escape names no character)"}
