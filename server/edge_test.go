@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/server"
 )
 
 func deep(n int) string { return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n) }
@@ -256,7 +256,32 @@ func TestClientFrameBadInput(t *testing.T) {
 		c := b.dial().read()
 		c.sendRaw([]byte(`{"type":"hello","protocol":1,"token":"` + b.client + `","client_id":"h1","client_type":"console","labels":{"a":"\u0000"}}`))
 		c.expectClose(protocol.CloseMalformed)
-		raw, _ := json.Marshal(nil)
-		_ = raw
 	})
+}
+
+// TestMetricsHoldNoCallerText: what a caller controls (a path with a NUL, a
+// made-up method, a malformed frame) never becomes a label value of
+// /metrics.
+func TestMetricsHoldNoCallerText(t *testing.T) {
+	t.Parallel()
+	b := openBroker(t, server.Options{})
+	for _, path := range []string{"/api/v1/users/u%00/commands", "/nowhere%00", "/api/v1/acquire"} {
+		for _, m := range []string{"GET", "BREW", "PURGE"} {
+			b.do(m, path, b.appSecret, nil, nil)
+		}
+	}
+	c := b.dial().read()
+	c.sendRaw([]byte(`{"type":"x\u0000y"}`))
+	c.sendRaw([]byte(`{"type":"hello","type":"ping"}`))
+	s := b.scrape()
+	for name, f := range s {
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				v := l.GetValue()
+				require.NotContains(t, v, "\x00", "%s{%s}", name, l.GetName())
+				require.NotContains(t, []string{"BREW", "PURGE"}, v, "%s{%s}", name, l.GetName())
+			}
+		}
+	}
+	require.Positive(t, s.value("cheetah_http_server_duration_seconds", "method", "other"))
 }
