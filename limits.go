@@ -82,3 +82,30 @@ func CheckText(field, v string) error {
 	}
 	return nil
 }
+
+// CheckLabels reports an invalid_request error unless m is within the label
+// limits: at most MaxLabels, keys not empty and at most MaxLabelKeyLen
+// characters, values at most MaxLabelValueLen, no NUL. The same limits hold
+// for the labels a client reports (protocol).
+func CheckLabels(field string, m map[string]string) error {
+	if len(m) > MaxLabels {
+		return Invalidf("%s: at most %d labels", field, MaxLabels)
+	}
+	for k, v := range m {
+		switch {
+		case k == "":
+			return Invalidf("%s: a key must not be empty", field)
+		case utf8.RuneCountInString(k) > MaxLabelKeyLen:
+			return Invalidf("%s: a key must be at most %d characters", field, MaxLabelKeyLen)
+		case utf8.RuneCountInString(v) > MaxLabelValueLen:
+			return Invalidf("%s: a value must be at most %d characters", field, MaxLabelValueLen)
+		}
+		if err := CheckText(field, k); err != nil {
+			return err
+		}
+		if err := CheckText(field, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -177,6 +177,10 @@ func (s *Server) acquire(c *gin.Context) {
 	if !s.bind(c, &b) {
 		return
 	}
+	if err := cheetah.CheckLabels("labels", b.Labels); err != nil {
+		s.fail(c, err)
+		return
+	}
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
 		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse}
 	if b.TTLS != nil {

@@ -66,6 +66,9 @@ func TestBadInputIsRefusedAtTheEdge(t *testing.T) {
 			{name: "nul admin revoke", method: "POST", path: a + "/users/" + user + "/clients/edge-agent/contexts/x%00/revoke", admin: true, msg: "context_id"},
 			{name: "nul admin disconnect", method: "DELETE", path: a + "/users/" + user + "/clients/c%00", admin: true, msg: "client_id"},
 			{name: "nul admin key id", method: "DELETE", path: a + "/keys/k%00", admin: true, msg: "id"},
+			{name: "empty label key", method: "POST", path: "/api/v1/acquire", body: `{"user_id":"` + user + `","task_id":"t","labels":{"":"b"}}`, msg: "labels"},
+			{name: "long label key", method: "POST", path: "/api/v1/acquire", body: `{"user_id":"` + user + `","task_id":"t","labels":{"` + strings.Repeat("k", cheetah.MaxLabelKeyLen+1) + `":"b"}}`, msg: "labels"},
+			{name: "long label value", method: "POST", path: "/api/v1/acquire", body: `{"user_id":"` + user + `","task_id":"t","labels":{"k":"` + strings.Repeat("v", cheetah.MaxLabelValueLen+1) + `"}}`, msg: "labels"},
 			// Invalid UTF-8, raw or as an escape that names no character.
 			{name: "bad utf-8 task_id", method: "POST", path: "/api/v1/acquire", body: "{\"user_id\":\"" + user + "\",\"task_id\":\"t\xff\"}", msg: "UTF-8"},
 			{name: "bad utf-8 in params", method: "POST", path: "/api/v1/commands", lease: true, body: "{\"name\":\"n\",\"params\":{\"s\":\"\xc3\x28\"}}", msg: "UTF-8"},
