@@ -20,7 +20,7 @@ const (
 	// MaxCommandTimeout bounds a command's timeout (timeout_ms).
 	MaxCommandTimeout = time.Hour
 	// MaxIDLen bounds user, client, context and command ids (IDPattern).
-	MaxIDLen = 128
+	MaxIDLen = protocol.MaxIDLen
 	// MaxTaskIDLen bounds a task id, in bytes.
 	MaxTaskIDLen = 256
 	// MaxNameLen bounds a command name, in bytes.

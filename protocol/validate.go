@@ -15,6 +15,9 @@ import (
 // need escaping.
 const IDPattern = `^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`
 
+// MaxIDLen is the longest id IDPattern admits, in bytes.
+const MaxIDLen = 128
+
 // Label limits. Labels are matched on every acquire and stored with every
 // client and context, so they are bounded like everything else a client
 // sends. Lengths count characters (Unicode code points), not bytes.
@@ -27,7 +30,7 @@ const (
 // ValidID reports whether s matches IDPattern. It is used for client_id and
 // context_id.
 func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 128 {
+	if len(s) == 0 || len(s) > MaxIDLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
