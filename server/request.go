@@ -181,9 +181,19 @@ var idParams = map[string]func(field, v string) error{
 	"user_id":    cheetah.CheckID,
 	"client_id":  cheetah.CheckID,
 	"context_id": cheetah.CheckID,
-	"command_id": cheetah.CheckID,
+	"command_id": checkCommandID,
 	"id":         cheetah.CheckID,
 	"task_id":    cheetah.CheckTaskID,
+}
+
+// checkCommandID answers a command id that cannot be one the broker made
+// (it makes them: UUIDv7) as not_found, as the in-process SDK does for any
+// unknown id, without asking the store.
+func checkCommandID(_, v string) error {
+	if !protocol.ValidID(v) {
+		return cheetah.NotFoundf("no command with that id")
+	}
+	return nil
 }
 
 // idQueries are the query parameters that filter by an id when given.
