@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -239,27 +240,62 @@ func TestWaitContentType(t *testing.T) {
 
 // TestClientFrameBadInput: a client frame with a NUL in a stored string, a
 // member named twice, or data nested too deep is a malformed frame (4400),
-// on both stores, and nothing of it is recorded.
+// on both stores, even about a command really dispatched to it; nothing of
+// it is recorded, and the command's record still reads.
 func TestClientFrameBadInput(t *testing.T) {
 	t.Parallel()
 	onBothStores(t, func(t *testing.T, b *broker) {
 		for i, frame := range []string{
-			`{"type":"event","command_id":"c","name":"a\u0000"}`,
-			`{"type":"error","command_id":"c","code":"x\u0000","message":"m"}`,
-			`{"type":"error","command_id":"c","code":"x","message":"m\u0000"}`,
-			`{"type":"result","command_id":"c","command_id":"d","data":{}}`,
-			`{"type":"result","command_id":"c","data":{"a":1,"a":2}}`,
-			`{"type":"progress","command_id":"c","data":` + deep(protocol.MaxJSONDepth+1) + `}`,
-			`{"type":"state","contexts":[{"context_id":"x","owner":"worker","title":"t\u0000"}]}`,
+			`{"type":"event","command_id":"%s","name":"a\u0000"}`,
+			`{"type":"error","command_id":"%s","code":"x\u0000","message":"m"}`,
+			`{"type":"error","command_id":"%s","code":"x","message":"m\u0000"}`,
+			`{"type":"capture","command_id":"%s","mime":"image/png\u0000","data":""}`,
+			`{"type":"result","command_id":"%s","command_id":"other","data":{}}`,
+			`{"type":"result","command_id":"%s","data":{"a":1,"a":2}}`,
+			`{"type":"progress","command_id":"%s","data":` + deep(protocol.MaxJSONDepth+1) + `}`,
+			`{"type":"result","command_id":"%s","data":"\ud800"}`,
+			`{"type":"state","contexts":[{"context_id":"x","owner":"worker","title":"t\u0000"}],"x":"%s"}`,
 		} {
-			c := b.connectAgent("bad-frame-"+string(rune('a'+i)), "ctx")
-			c.sendRaw([]byte(frame))
+			ctxID := "ctx-" + string(rune('a'+i))
+			c := b.connectAgent("bad-frame-"+string(rune('a'+i)), ctxID)
+			var l struct{ Lease cheetah.Lease }
+			require.Equal(t, 201, b.do("POST", "/api/v1/acquire", b.appKey,
+				map[string]any{"user_id": user, "task_id": "frames", "client_type": "console", "client_id": "bad-frame-" + string(rune('a'+i))}, &l).StatusCode)
+			var sent cheetah.Sent
+			require.Equal(t, 202, b.do("POST", "/api/v1/commands", b.appKey, `{"name":"n"}`, &sent, "X-Lease", l.Lease.LeaseToken).StatusCode)
+			cmd := next[*protocol.Command](c)
+			require.Equal(t, sent.CommandID, cmd.CommandID)
+			c.sendRaw([]byte(fmt.Sprintf(frame, cmd.CommandID)))
 			c.expectClose(protocol.CloseMalformed)
+			var rec struct{ Command cheetah.CommandRecord }
+			require.Eventually(t, func() bool {
+				resp := b.do("GET", "/api/v1/users/"+user+"/commands/"+sent.CommandID, b.appKey, nil, &rec)
+				require.Equal(t, 200, resp.StatusCode)
+				return rec.Command.Status == cheetah.StatusDisconnected
+			}, 10*time.Second, 20*time.Millisecond, frame)
+			require.Empty(t, rec.Command.Messages, "nothing of a malformed frame is recorded: %s", frame)
 		}
 		// A hello with a NUL in a label is refused the same way.
 		c := b.dial().read()
 		c.sendRaw([]byte(`{"type":"hello","protocol":1,"token":"` + b.client + `","client_id":"h1","client_type":"console","labels":{"a":"\u0000"}}`))
 		c.expectClose(protocol.CloseMalformed)
+		// A \u0000 escape inside data is JSON text like any other: recorded
+		// and read back as sent.
+		c = b.connectAgent("good-agent", "good-ctx")
+		var l struct{ Lease cheetah.Lease }
+		require.Equal(t, 201, b.do("POST", "/api/v1/acquire", b.appKey,
+			map[string]any{"user_id": user, "task_id": "frames", "client_type": "console", "client_id": "good-agent"}, &l).StatusCode)
+		var sent cheetah.Sent
+		require.Equal(t, 202, b.do("POST", "/api/v1/commands", b.appKey, `{"name":"n"}`, &sent, "X-Lease", l.Lease.LeaseToken).StatusCode)
+		cmd := next[*protocol.Command](c)
+		c.sendRaw([]byte(`{"type":"event","command_id":"` + cmd.CommandID + `","name":"console","data":{"text":"a\u0000b"}}`))
+		c.sendRaw([]byte(`{"type":"result","command_id":"` + cmd.CommandID + `","data":{"s":"\u0000"}}`))
+		var rec struct{ Command cheetah.CommandRecord }
+		require.Eventually(t, func() bool {
+			b.do("GET", "/api/v1/users/"+user+"/commands/"+sent.CommandID, b.appKey, nil, &rec)
+			return rec.Command.Status == cheetah.StatusCompleted && len(rec.Command.Messages) == 2
+		}, 10*time.Second, 20*time.Millisecond)
+		require.JSONEq(t, `{"s":"\u0000"}`, string(rec.Command.Messages[1].Data))
 	})
 }
 
