@@ -187,7 +187,7 @@ func Decode(b []byte) (Frame, error) {
 	}
 	// The kinds are right; now the values. Encode runs the same checks, so
 	// whatever one side sends, the other side accepts.
-	if err := f.validate(); err != nil {
+	if err := f.validate(true); err != nil {
 		return nil, err
 	}
 	return f, nil

@@ -21,7 +21,7 @@ func Encode(f Frame) ([]byte, error) {
 	if f == nil || reflect.ValueOf(f).IsNil() {
 		return nil, errors.New("protocol: encode: nil frame")
 	}
-	if err := f.validate(); err != nil {
+	if err := f.validate(false); err != nil {
 		return nil, err
 	}
 	w := &writer{}

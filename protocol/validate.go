@@ -56,6 +56,9 @@ func ValidUserID(s string) bool { return ValidID(s) }
 type checker struct {
 	frame Type
 	err   *MalformedError
+	// decoded is set when the frame comes from Decode, which has checked
+	// the whole frame's JSON (syntax, UTF-8, names, depth) already.
+	decoded bool
 }
 
 func (c *checker) fail(field, format string, args ...any) {
@@ -122,7 +125,7 @@ func (c *checker) labels(field string, m map[string]string) {
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
 func (c *checker) json(field string, v json.RawMessage) {
-	if len(v) == 0 {
+	if len(v) == 0 || c.decoded {
 		return
 	}
 	if !json.Valid(v) || !utf8.Valid(v) {
@@ -154,8 +157,8 @@ func (c *checker) object(field string, v json.RawMessage) {
 	}
 }
 
-func (f *Hello) validate() error {
-	c := &checker{frame: TypeHello}
+func (f *Hello) validate(decoded bool) error {
+	c := &checker{frame: TypeHello, decoded: decoded}
 	if f.Protocol != ProtocolVersion {
 		c.fail("protocol", "is %d, but only protocol version %d is supported", f.Protocol, ProtocolVersion)
 	}
@@ -174,8 +177,8 @@ func (f *Hello) validate() error {
 	return c.result()
 }
 
-func (f *State) validate() error {
-	c := &checker{frame: TypeState}
+func (f *State) validate(decoded bool) error {
+	c := &checker{frame: TypeState, decoded: decoded}
 	// Context ids are unique within a client; a report that repeats one
 	// cannot say which of the two entries is the truth.
 	seen := make(map[string]bool, len(f.Contexts))
@@ -200,21 +203,21 @@ func (f *State) validate() error {
 	return c.result()
 }
 
-func (f *Ack) validate() error {
-	c := &checker{frame: TypeAck}
+func (f *Ack) validate(decoded bool) error {
+	c := &checker{frame: TypeAck, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
-func (f *Progress) validate() error {
-	c := &checker{frame: TypeProgress}
+func (f *Progress) validate(decoded bool) error {
+	c := &checker{frame: TypeProgress, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (f *Event) validate() error {
-	c := &checker{frame: TypeEvent}
+func (f *Event) validate(decoded bool) error {
+	c := &checker{frame: TypeEvent, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("name", f.Name)
 	c.text("name", f.Name)
@@ -222,8 +225,8 @@ func (f *Event) validate() error {
 	return c.result()
 }
 
-func (f *Capture) validate() error {
-	c := &checker{frame: TypeCapture}
+func (f *Capture) validate(decoded bool) error {
+	c := &checker{frame: TypeCapture, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("mime", f.MIME)
 	c.text("mime", f.MIME)
@@ -234,25 +237,25 @@ func (f *Capture) validate() error {
 	return c.result()
 }
 
-func (f *Result) validate() error {
-	c := &checker{frame: TypeResult}
+func (f *Result) validate(decoded bool) error {
+	c := &checker{frame: TypeResult, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (f *Error) validate() error {
-	c := &checker{frame: TypeError}
+func (f *Error) validate(decoded bool) error {
+	c := &checker{frame: TypeError, decoded: decoded}
 	c.nonEmpty("code", string(f.Code))
 	c.text("code", string(f.Code))
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (*Ping) validate() error { return nil }
+func (*Ping) validate(bool) error { return nil }
 
-func (f *Welcome) validate() error {
-	c := &checker{frame: TypeWelcome}
+func (f *Welcome) validate(decoded bool) error {
+	c := &checker{frame: TypeWelcome, decoded: decoded}
 	c.nonNegative("protocol", int64(f.Protocol))
 	c.nonEmpty("session_id", f.SessionID)
 	if !ValidUserID(f.UserID) {
@@ -265,8 +268,8 @@ func (f *Welcome) validate() error {
 	return c.result()
 }
 
-func (f *Command) validate() error {
-	c := &checker{frame: TypeCommand}
+func (f *Command) validate(decoded bool) error {
+	c := &checker{frame: TypeCommand, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
@@ -284,14 +287,14 @@ func (f *Command) validate() error {
 	return c.result()
 }
 
-func (f *Cancel) validate() error {
-	c := &checker{frame: TypeCancel}
+func (f *Cancel) validate(decoded bool) error {
+	c := &checker{frame: TypeCancel, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
-func (f *Assignment) validate() error {
-	c := &checker{frame: TypeAssignment}
+func (f *Assignment) validate(decoded bool) error {
+	c := &checker{frame: TypeAssignment, decoded: decoded}
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
 	c.nonNegative("epoch", f.Epoch)
@@ -302,4 +305,4 @@ func (f *Assignment) validate() error {
 	return c.result()
 }
 
-func (*Pong) validate() error { return nil }
+func (*Pong) validate(bool) error { return nil }
