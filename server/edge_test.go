@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server"
 )
@@ -324,4 +326,46 @@ func TestMetricsHoldNoCallerText(t *testing.T) {
 		}
 	}
 	require.Positive(t, s.value("cheetah_http_server_duration_seconds", "method", "other"))
+}
+
+// TestInProcessBadInput: the in-process SDK (Broker.Manager) refuses what
+// the HTTP API refuses, before the store, on both stores.
+func TestInProcessBadInput(t *testing.T) {
+	t.Parallel()
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			o := server.Options{}
+			if db == "postgres" {
+				o.DatabaseURL = historytest.EmptyPostgres(t)
+			}
+			b := openBroker(t, o)
+			b.connectAgent("ip-agent", "ip-1")
+			m := b.open.Manager()
+			ctx := t.Context()
+			_, err := m.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t\x00", ClientType: cheetah.Console})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = m.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t", Labels: map[string]string{"a": "\x00"}})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			h, err := m.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t", ClientType: cheetah.Console})
+			require.NoError(t, err)
+			_, err = h.Send(ctx, cheetah.Command{Name: "n\x00"})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = h.Send(ctx, cheetah.Command{Name: "n", Params: json.RawMessage(deep(protocol.MaxJSONDepth + 1))})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = h.Send(ctx, cheetah.Command{Name: "n", Params: json.RawMessage(`{"a":1,"a":2}`)})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = m.TaskContexts(ctx, "t\x00", user)
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = m.History().Read(ctx, user, "c\x00")
+			require.ErrorIs(t, err, cheetah.ErrNotFound)
+			_, err = m.History().List(ctx, user, cheetah.ListQuery{TaskID: "t\x00"})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			_, err = m.History().List(ctx, user, cheetah.ListQuery{Cursor: "\x00"})
+			require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+			// And the broker still works.
+			_, err = h.Send(ctx, cheetah.Command{Name: "n"})
+			require.NoError(t, err)
+		})
+	}
 }
