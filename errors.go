@@ -18,6 +18,9 @@ const (
 	CodeRateLimited        = "rate_limited"
 	CodeStoreUnavailable   = "store_unavailable"
 	CodeOverloaded         = "overloaded"
+	// CodeMethodNotAllowed answers a known path asked with a method it
+	// does not serve (405, with an Allow header).
+	CodeMethodNotAllowed = "method_not_allowed"
 )
 
 // Error is an API error with a code from the design's table. Sentinel values

@@ -96,6 +96,12 @@ func Decode(b []byte) (Frame, error) {
 	if m == nil { // the input was null
 		return nil, &MalformedError{Msg: "frame must be a JSON object"}
 	}
+	// One pass over the whole frame for what encoding/json lets by: a
+	// member named twice (it keeps the last), escapes that name no
+	// character, and nesting deeper than any stored value may be.
+	if je := CheckJSON(b, MaxJSONDepth+1); je != nil {
+		return nil, &MalformedError{Field: je.Field, Msg: frameMsg(je)}
+	}
 	c := &checker{}
 	top := &fields{c: c, m: m}
 	typ := Type(top.str("type", true))
@@ -181,10 +187,18 @@ func Decode(b []byte) (Frame, error) {
 	}
 	// The kinds are right; now the values. Encode runs the same checks, so
 	// whatever one side sends, the other side accepts.
-	if err := f.validate(); err != nil {
+	if err := f.validate(true); err != nil {
 		return nil, err
 	}
 	return f, nil
+}
+
+// frameMsg words a JSON problem of a whole frame.
+func frameMsg(je *JSONError) string {
+	if je.Field == "" {
+		return "frame " + je.Msg
+	}
+	return je.Msg
 }
 
 func decodeHello(r *fields) *Hello {
@@ -265,6 +279,10 @@ func (r *fields) str(name string, required bool) string {
 		r.fail(name, "must be a string")
 		return ""
 	}
+	if !NoNUL(s) {
+		r.fail(name, "must not contain NUL (\\u0000)")
+		return ""
+	}
 	return s
 }
 
@@ -309,6 +327,12 @@ func (r *fields) labels(name string) map[string]string {
 	if v[0] != '{' || json.Unmarshal(v, &m) != nil {
 		r.fail(name, "must be an object of strings")
 		return nil
+	}
+	for k, x := range m {
+		if !NoNUL(k) || !NoNUL(x) {
+			r.fail(name, "must not contain NUL (\\u0000)")
+			return nil
+		}
 	}
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"strconv"
+	"strings"
 )
 
 // Encode returns the JSON text of f, with its "type" first. It refuses, with
@@ -20,7 +21,7 @@ func Encode(f Frame) ([]byte, error) {
 	if f == nil || reflect.ValueOf(f).IsNil() {
 		return nil, errors.New("protocol: encode: nil frame")
 	}
-	if err := f.validate(); err != nil {
+	if err := f.validate(false); err != nil {
 		return nil, err
 	}
 	w := &writer{}
@@ -163,7 +164,10 @@ func (f *Result) encode(w *writer) {
 func (f *Error) encode(w *writer) {
 	w.optStr("command_id", f.CommandID)
 	w.str("code", string(f.Code))
-	w.optStr("message", f.Message)
+	// A message is text for people; it may quote what a peer sent, so a
+	// NUL in it is written as U+FFFD, as invalid UTF-8 is, and the frame
+	// stays one that Decode accepts.
+	w.optStr("message", strings.ReplaceAll(f.Message, "\x00", "\uFFFD"))
 	w.raw("data", f.Data)
 }
 

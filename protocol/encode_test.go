@@ -53,11 +53,11 @@ func TestEncodeOmitsEmptyOptionalFields(t *testing.T) {
 }
 
 // TestEncodeRawPassThrough checks that the caller's bytes reach the client
-// exactly: spacing, key order, duplicate keys and characters that
-// encoding/json would escape all survive.
+// exactly: spacing, key order and characters that encoding/json would
+// escape all survive. (A member named twice is refused: TestDuplicateNames.)
 func TestEncodeRawPassThrough(t *testing.T) {
 	t.Parallel()
-	options := `{ "z" : 1,"a":[ 2 ,3 ] ,	"html":"<b>&</b>", "z":2 }`
+	options := `{ "z" : 1,"a":[ 2 ,3 ] ,	"html":"<b>&</b>", "y":2 }`
 	params := "[1,\n  {\"y\":null}, \"\\u00e9\" ]"
 	target := `{"tab_id" :"12"}`
 	cmd := &Command{CommandID: "c", ContextID: "x", TaskID: "t", Epoch: 9, Name: "n",
@@ -149,5 +149,5 @@ func TestEncodeEscapesStrings(t *testing.T) {
 	require.True(t, json.Valid(b))
 	got, err := Decode(b)
 	require.NoError(t, err)
-	require.Equal(t, "quote \" backslash \\ newline \n nul \x00 bad \ufffd", got.(*Error).Message)
+	require.Equal(t, "quote \" backslash \\ newline \n nul \ufffd bad \ufffd", got.(*Error).Message)
 }

@@ -135,7 +135,7 @@ type Frame interface {
 
 	// validate checks what the JSON kinds alone cannot: required strings are
 	// not empty, ids and enums are valid, limits hold, opaque data is JSON.
-	validate() error
+	validate(decoded bool) error
 	// encode appends the frame's fields after the "type" member.
 	encode(w *writer)
 }

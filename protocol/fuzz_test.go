@@ -32,6 +32,13 @@ func FuzzDecode(f *testing.F) {
 		`{"type":"error","code":"unknown_type","data":null,"Code":5}`,
 		`{"type":"assignment","context_id":"a","task_id":"t","epoch":-0,"state":"context_gone"}`,
 		`{"type":"welcome","session_id":"s","user_id":"u","heartbeat_s":1,"max_message_bytes":9223372036854775807}`,
+		`{"type":"event","command_id":"c","name":"a\u0000b","data":{"s":"\u0000"}}`,
+		`{"type":"result","command_id":"c","data":{"a":1,"a":2}}`,
+		`{"type":"ack","command_id":"c","command_id":"d"}`,
+		`{"type":"result","command_id":"c","data":"\ud800"}`,
+		`{"type":"progress","command_id":"c","data":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}`,
+		`{"type":"hello","protocol":1,"token":"k","client_id":"c","client_type":"console","labels":{"a":"\u0000"}}`,
+		`{"type":"error","command_id":"c","code":"x","message":"m\u0000"}`,
 	} {
 		f.Add([]byte(s))
 	}

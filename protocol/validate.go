@@ -15,6 +15,9 @@ import (
 // need escaping.
 const IDPattern = `^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`
 
+// MaxIDLen is the longest id IDPattern admits, in bytes.
+const MaxIDLen = 128
+
 // Label limits. Labels are matched on every acquire and stored with every
 // client and context, so they are bounded like everything else a client
 // sends. Lengths count characters (Unicode code points), not bytes.
@@ -27,7 +30,7 @@ const (
 // ValidID reports whether s matches IDPattern. It is used for client_id and
 // context_id.
 func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 128 {
+	if len(s) == 0 || len(s) > MaxIDLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -53,6 +56,9 @@ func ValidUserID(s string) bool { return ValidID(s) }
 type checker struct {
 	frame Type
 	err   *MalformedError
+	// decoded is set when the frame comes from Decode, which has checked
+	// the whole frame's JSON (syntax, UTF-8, names, depth) already.
+	decoded bool
 }
 
 func (c *checker) fail(field, format string, args ...any) {
@@ -105,6 +111,8 @@ func (c *checker) labels(field string, m map[string]string) {
 		switch {
 		case k == "":
 			c.fail(field, "has an empty key")
+		case !NoNUL(k) || !NoNUL(v):
+			c.fail(field, "must not contain NUL (\\u0000)")
 		case utf8.RuneCountInString(k) > MaxLabelKeyLen:
 			c.fail(field, "has a key longer than %d characters", MaxLabelKeyLen)
 		case utf8.RuneCountInString(v) > MaxLabelValueLen:
@@ -117,8 +125,23 @@ func (c *checker) labels(field string, m map[string]string) {
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
 func (c *checker) json(field string, v json.RawMessage) {
-	if len(v) > 0 && (!json.Valid(v) || !utf8.Valid(v)) {
+	if len(v) == 0 || c.decoded {
+		return
+	}
+	if !json.Valid(v) || !utf8.Valid(v) {
 		c.fail(field, "must be valid JSON in UTF-8")
+		return
+	}
+	if je := CheckJSON(v, MaxJSONDepth); je != nil {
+		c.fail(field, "%s", je.Msg)
+	}
+}
+
+// text checks a string the broker may store: no NUL. (UTF-8 is checked for
+// the whole frame.)
+func (c *checker) text(field, v string) {
+	if !NoNUL(v) {
+		c.fail(field, "must not contain NUL (\\u0000)")
 	}
 }
 
@@ -134,13 +157,16 @@ func (c *checker) object(field string, v json.RawMessage) {
 	}
 }
 
-func (f *Hello) validate() error {
-	c := &checker{frame: TypeHello}
+func (f *Hello) validate(decoded bool) error {
+	c := &checker{frame: TypeHello, decoded: decoded}
 	if f.Protocol != ProtocolVersion {
 		c.fail("protocol", "is %d, but only protocol version %d is supported", f.Protocol, ProtocolVersion)
 	}
 	c.nonEmpty("token", f.Token)
+	c.text("token", f.Token)
 	c.id("client_id", f.ClientID)
+	c.text("name", f.Name)
+	c.text("version", f.Version)
 	if !f.ClientType.Valid() {
 		c.fail("client_type", "must be %q or %q", ClientBrowser, ClientConsole)
 	}
@@ -151,8 +177,8 @@ func (f *Hello) validate() error {
 	return c.result()
 }
 
-func (f *State) validate() error {
-	c := &checker{frame: TypeState}
+func (f *State) validate(decoded bool) error {
+	c := &checker{frame: TypeState, decoded: decoded}
 	// Context ids are unique within a client; a report that repeats one
 	// cannot say which of the two entries is the truth.
 	seen := make(map[string]bool, len(f.Contexts))
@@ -166,6 +192,9 @@ func (f *State) validate() error {
 		if !ctx.Owner.Valid() {
 			c.fail(path+"owner", "must be %q or %q", OwnerWorker, OwnerHuman)
 		}
+		c.text(path+"tab_id", ctx.TabID)
+		c.text(path+"url", ctx.URL)
+		c.text(path+"title", ctx.Title)
 		c.labels(path+"labels", ctx.Labels)
 		if c.err != nil {
 			break
@@ -174,31 +203,33 @@ func (f *State) validate() error {
 	return c.result()
 }
 
-func (f *Ack) validate() error {
-	c := &checker{frame: TypeAck}
+func (f *Ack) validate(decoded bool) error {
+	c := &checker{frame: TypeAck, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
-func (f *Progress) validate() error {
-	c := &checker{frame: TypeProgress}
+func (f *Progress) validate(decoded bool) error {
+	c := &checker{frame: TypeProgress, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (f *Event) validate() error {
-	c := &checker{frame: TypeEvent}
+func (f *Event) validate(decoded bool) error {
+	c := &checker{frame: TypeEvent, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("name", f.Name)
+	c.text("name", f.Name)
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (f *Capture) validate() error {
-	c := &checker{frame: TypeCapture}
+func (f *Capture) validate(decoded bool) error {
+	c := &checker{frame: TypeCapture, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("mime", f.MIME)
+	c.text("mime", f.MIME)
 	// Data may be empty: a capture of nothing is odd, but not malformed.
 	if _, err := base64.StdEncoding.DecodeString(f.Data); err != nil {
 		c.fail("data", "must be standard base64")
@@ -206,24 +237,25 @@ func (f *Capture) validate() error {
 	return c.result()
 }
 
-func (f *Result) validate() error {
-	c := &checker{frame: TypeResult}
+func (f *Result) validate(decoded bool) error {
+	c := &checker{frame: TypeResult, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (f *Error) validate() error {
-	c := &checker{frame: TypeError}
+func (f *Error) validate(decoded bool) error {
+	c := &checker{frame: TypeError, decoded: decoded}
 	c.nonEmpty("code", string(f.Code))
+	c.text("code", string(f.Code))
 	c.json("data", f.Data)
 	return c.result()
 }
 
-func (*Ping) validate() error { return nil }
+func (*Ping) validate(bool) error { return nil }
 
-func (f *Welcome) validate() error {
-	c := &checker{frame: TypeWelcome}
+func (f *Welcome) validate(decoded bool) error {
+	c := &checker{frame: TypeWelcome, decoded: decoded}
 	c.nonNegative("protocol", int64(f.Protocol))
 	c.nonEmpty("session_id", f.SessionID)
 	if !ValidUserID(f.UserID) {
@@ -236,13 +268,15 @@ func (f *Welcome) validate() error {
 	return c.result()
 }
 
-func (f *Command) validate() error {
-	c := &checker{frame: TypeCommand}
+func (f *Command) validate(decoded bool) error {
+	c := &checker{frame: TypeCommand, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
+	c.text("task_id", f.TaskID)
 	c.nonNegative("epoch", f.Epoch)
 	c.nonEmpty("name", f.Name)
+	c.text("name", f.Name)
 	c.json("params", f.Params)
 	c.object("target", f.Target)
 	if !f.ResponseMode.Valid() {
@@ -253,14 +287,14 @@ func (f *Command) validate() error {
 	return c.result()
 }
 
-func (f *Cancel) validate() error {
-	c := &checker{frame: TypeCancel}
+func (f *Cancel) validate(decoded bool) error {
+	c := &checker{frame: TypeCancel, decoded: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
-func (f *Assignment) validate() error {
-	c := &checker{frame: TypeAssignment}
+func (f *Assignment) validate(decoded bool) error {
+	c := &checker{frame: TypeAssignment, decoded: decoded}
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
 	c.nonNegative("epoch", f.Epoch)
@@ -271,4 +305,4 @@ func (f *Assignment) validate() error {
 	return c.result()
 }
 
-func (*Pong) validate() error { return nil }
+func (*Pong) validate(bool) error { return nil }

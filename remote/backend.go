@@ -21,8 +21,8 @@ func New(baseURL, key string, opts ...Option) *cheetah.Manager {
 }
 
 // maxReleaseAll is how many tokens the broker takes in one release-all
-// request (server.MaxReleaseAll); larger sets go in several requests.
-const maxReleaseAll = 1000
+// request; larger sets go in several requests.
+const maxReleaseAll = cheetah.MaxReleaseAll
 
 // backend implements cheetah.Backend over the HTTP API. The API identifies a
 // lease by its token alone, so that is all a handle sends.
@@ -32,17 +32,6 @@ type backend struct {
 
 var _ cheetah.Backend = (*backend)(nil)
 
-type acquireBody struct {
-	UserID     string             `json:"user_id"`
-	TaskID     string             `json:"task_id"`
-	ClientType cheetah.ClientType `json:"client_type,omitempty"`
-	ClientID   string             `json:"client_id,omitempty"`
-	Labels     map[string]string  `json:"labels,omitempty"`
-	TTLS       *int64             `json:"ttl_s,omitempty"`
-	WaitMS     *int64             `json:"wait_ms,omitempty"`
-	RenewOnUse *bool              `json:"renew_on_use,omitempty"`
-}
-
 type leaseAnswer struct {
 	Lease cheetah.Lease `json:"lease"`
 }
@@ -50,7 +39,7 @@ type leaseAnswer struct {
 // Acquire posts the request to /api/v1/acquire; a wait is sent in whole
 // milliseconds, rounded up.
 func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
-	body := acquireBody{
+	body := cheetah.AcquireBody{
 		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
 		ClientID: req.ClientID, Labels: req.Labels, RenewOnUse: req.RenewOnUse,
 	}
@@ -84,25 +73,16 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 // process; a TTL out of range is sent and refused by the broker.
 func ttlSeconds(ttl time.Duration) (int64, error) {
 	if ttl%time.Second != 0 {
-		return 0, cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+		return 0, cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
 	return int64(ttl / time.Second), nil
-}
-
-type commandBody struct {
-	Name         string               `json:"name"`
-	Params       json.RawMessage      `json:"params,omitempty"`
-	Target       json.RawMessage      `json:"target,omitempty"`
-	Options      json.RawMessage      `json:"options,omitempty"`
-	ResponseMode cheetah.ResponseMode `json:"response_mode,omitempty"`
-	TimeoutMS    *int64               `json:"timeout_ms,omitempty"`
 }
 
 // commandRequest builds the body and headers of a send. What cannot be put
 // on the wire (params that do not encode) is refused with the error the
 // broker gives in process.
-func commandRequest(lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (commandBody, []string, error) {
-	body := commandBody{Name: cmd.Name, ResponseMode: so.ResponseMode}
+func commandRequest(lease cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions) (cheetah.CommandBody, []string, error) {
+	body := cheetah.CommandBody{Name: cmd.Name, ResponseMode: so.ResponseMode}
 	switch p := cmd.Params.(type) {
 	case nil:
 	case json.RawMessage:
@@ -255,9 +235,7 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 // Renew extends the lease through /api/v1/lease/renew; ttl zero keeps the
 // lease's own TTL.
 func (b *backend) Renew(ctx context.Context, lease cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
-	var body struct {
-		TTLS *int64 `json:"ttl_s,omitempty"`
-	}
+	var body cheetah.RenewBody
 	if ttl != 0 {
 		s, err := ttlSeconds(ttl)
 		if err != nil {
@@ -300,7 +278,7 @@ func (b *backend) ReleaseAll(ctx context.Context, tokens []string) (int, error) 
 		var out struct {
 			Released int `json:"released"`
 		}
-		if err := b.c.Do(ctx, "POST", "/api/v1/lease/release-all", map[string][]string{"lease_tokens": batch}, &out); err != nil {
+		if err := b.c.Do(ctx, "POST", "/api/v1/lease/release-all", cheetah.ReleaseAllBody{LeaseTokens: batch}, &out); err != nil {
 			return n, err
 		}
 		n += out.Released

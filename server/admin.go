@@ -49,15 +49,11 @@ func (s *Server) disconnect(c *gin.Context) {
 }
 
 func (s *Server) createKey(c *gin.Context) {
-	var b struct {
-		Kind   auth.Kind `json:"kind"`
-		UserID string    `json:"user_id"`
-		Name   string    `json:"name"`
-	}
+	var b cheetah.CreateKeyBody
 	if !s.bind(c, &b) {
 		return
 	}
-	created, err := s.keys.Create(c.Request.Context(), b.Kind, b.UserID, b.Name)
+	created, err := s.keys.Create(c.Request.Context(), auth.Kind(b.Kind), b.UserID, b.Name)
 	if err != nil {
 		s.fail(c, err)
 		return

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,6 +28,9 @@ func (s *Server) routes() *gin.Engine {
 	// A path with a trailing slash is an unknown path: gin would answer it
 	// with a redirect and an HTML body, outside the one error envelope.
 	g.RedirectTrailingSlash = false
+	// A known path asked with another method is 405 with an Allow header
+	// (set by gin), in the one envelope, not a 404.
+	g.HandleMethodNotAllowed = true
 	g.Use(s.observe, s.recoverPanic, s.checkHost)
 	g.GET("/ws/v1/client", func(c *gin.Context) {
 		if !s.originAllowed(c.GetHeader("Origin")) {
@@ -61,7 +63,7 @@ func (s *Server) routes() *gin.Engine {
 	// The API's description is public: it holds nothing a key protects.
 	g.GET("/api/v1/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPI) })
 
-	api := g.Group("/api/v1", s.authenticate(auth.App, auth.Admin))
+	api := g.Group("/api/v1", s.authenticate(auth.App, auth.Admin), s.checkParams)
 	api.POST("/acquire", s.acquire)
 	api.POST("/commands", s.sendCommand)
 	api.POST("/commands/wait", s.sendAndWait)
@@ -73,10 +75,14 @@ func (s *Server) routes() *gin.Engine {
 	api.GET("/users/:user_id/commands/:command_id", s.readCommand)
 	api.GET("/users/:user_id/commands", s.listCommands)
 
-	s.adminRoutes(g.Group("/api/v1/admin", s.authenticate(auth.Admin)))
+	s.adminRoutes(g.Group("/api/v1/admin", s.authenticate(auth.Admin), s.checkParams))
 
 	g.NoRoute(func(c *gin.Context) {
 		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
+	g.NoMethod(func(c *gin.Context) {
+		s.fail(c, &cheetah.Error{Code: cheetah.CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed here; allowed: %s", c.Request.Method, c.Writer.Header().Get("Allow"))})
 	})
 	return g
 }
@@ -103,9 +109,10 @@ func (s *Server) readyz(c *gin.Context) {
 // authenticate admits requests whose bearer key is of one of kinds.
 func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		h := c.GetHeader("Authorization")
-		token, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || token == "" {
+		// The scheme is case-insensitive (RFC 9110 §11.1).
+		scheme, token, ok := strings.Cut(c.GetHeader("Authorization"), " ")
+		token = strings.TrimLeft(token, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 			s.fail(c, &cheetah.Error{Code: cheetah.CodeUnauthorized, Message: "an Authorization: Bearer key is required"})
 			return
 		}
@@ -143,6 +150,7 @@ var statusOf = map[string]int{
 	cheetah.CodeNotFound:           http.StatusNotFound,
 	cheetah.CodeNoContextAvailable: http.StatusConflict,
 	cheetah.CodePayloadTooLarge:    http.StatusRequestEntityTooLarge,
+	cheetah.CodeMethodNotAllowed:   http.StatusMethodNotAllowed,
 	cheetah.CodeLeaseLost:          http.StatusLocked,
 	cheetah.CodeRateLimited:        http.StatusTooManyRequests,
 	cheetah.CodeStoreUnavailable:   http.StatusServiceUnavailable,
@@ -158,70 +166,38 @@ func (s *Server) fail(c *gin.Context, err error) {
 		s.reqLog(c).Error("internal error", "route", c.FullPath(), "err", err)
 		code, status, msg = "internal", http.StatusInternalServerError, "internal error"
 	}
+	if status == http.StatusUnauthorized {
+		// Every 401 says which scheme would do (RFC 9110 §11.6.1).
+		c.Header("WWW-Authenticate", "Bearer")
+	}
 	if code == cheetah.CodeStoreUnavailable {
 		s.reqLog(c).Warn("store unavailable", "route", c.FullPath(), "err", err)
 	}
 	c.AbortWithStatusJSON(status, cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: code, Message: msg, Reason: reason}})
 }
 
-// bind decodes a JSON body strictly: unknown fields and trailing data are
-// invalid, and a body over the limit is payload_too_large. An empty body is
-// an empty object.
-func (s *Server) bind(c *gin.Context, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.fail(c, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", s.cfg.MaxBodyBytes)})
-			return false
-		}
-		s.fail(c, cheetah.Invalidf("read body: %v", err))
-		return false
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		body = []byte("{}")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		s.fail(c, cheetah.Invalidf("body: %v", err))
-		return false
-	}
-	if dec.More() {
-		s.fail(c, cheetah.Invalidf("body: more than one JSON value"))
-		return false
-	}
-	return true
-}
-
-type acquireBody struct {
-	UserID     string             `json:"user_id"`
-	TaskID     string             `json:"task_id"`
-	ClientType cheetah.ClientType `json:"client_type"`
-	ClientID   string             `json:"client_id"`
-	Labels     map[string]string  `json:"labels"`
-	TTLS       *int64             `json:"ttl_s"`
-	WaitMS     *int64             `json:"wait_ms"`
-	RenewOnUse *bool              `json:"renew_on_use"`
-}
-
 func (s *Server) acquire(c *gin.Context) {
-	var b acquireBody
+	var b cheetah.AcquireBody
 	if !s.bind(c, &b) {
+		return
+	}
+	if err := cheetah.CheckLabels("labels", b.Labels); err != nil {
+		s.fail(c, err)
 		return
 	}
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
 		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse}
 	if b.TTLS != nil {
-		if *b.TTLS < 1 || *b.TTLS > 3600 {
-			s.fail(c, cheetah.Invalidf("ttl_s must be from 1 to 3600"))
+		ttl, ok := ttlOf(*b.TTLS)
+		if !ok {
+			s.fail(c, cheetah.Invalidf("%s", cheetah.MsgTTL))
 			return
 		}
-		req.TTL = time.Duration(*b.TTLS) * time.Second
+		req.TTL = ttl
 	}
 	if b.WaitMS != nil {
-		if *b.WaitMS < 0 || *b.WaitMS > 60000 {
-			s.fail(c, cheetah.Invalidf("wait_ms must be from 0 to 60000"))
+		if *b.WaitMS < 0 || *b.WaitMS > cheetah.MaxWait.Milliseconds() {
+			s.fail(c, cheetah.Invalidf("%s", cheetah.MsgWait))
 			return
 		}
 		req.Wait = time.Duration(*b.WaitMS) * time.Millisecond
@@ -243,22 +219,13 @@ func (s *Server) acquire(c *gin.Context) {
 	c.JSON(http.StatusCreated, gin.H{"lease": l})
 }
 
-type commandBody struct {
-	Name         string               `json:"name"`
-	Params       json.RawMessage      `json:"params"`
-	Target       json.RawMessage      `json:"target"`
-	Options      json.RawMessage      `json:"options"`
-	ResponseMode cheetah.ResponseMode `json:"response_mode"`
-	TimeoutMS    *int64               `json:"timeout_ms"`
-}
-
 // commandRequest reads the lease header and the command body.
 func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (cheetah.Lease, cheetah.Command, cheetah.SendOptions, bool) {
 	lease, ok := s.leaseHeader(c)
 	if !ok {
 		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
 	}
-	var b commandBody
+	var b cheetah.CommandBody
 	if !s.bind(c, &b) {
 		return lease, cheetah.Command{}, cheetah.SendOptions{}, false
 	}
@@ -267,8 +234,8 @@ func (s *Server) commandRequest(c *gin.Context, mode cheetah.ResponseMode) (chee
 		so.ResponseMode = b.ResponseMode
 	}
 	if b.TimeoutMS != nil {
-		if *b.TimeoutMS < 1 {
-			s.fail(c, cheetah.Invalidf("timeout_ms must be at least 1"))
+		if *b.TimeoutMS < 1 || *b.TimeoutMS > cheetah.MaxCommandTimeout.Milliseconds() {
+			s.fail(c, cheetah.Invalidf("%s", cheetah.MsgTimeout))
 			return lease, cheetah.Command{}, cheetah.SendOptions{}, false
 		}
 		so.Timeout = time.Duration(*b.TimeoutMS) * time.Millisecond
@@ -337,6 +304,8 @@ func (s *Server) sendAndWait(c *gin.Context) {
 	so.OnAdmitted = func(sent cheetah.Sent) {
 		c.Header("X-Command-Id", sent.CommandID)
 		c.Header("X-Trace-Id", sent.TraceID)
+		// The headers go now, so they say now what the body will be.
+		c.Header("Content-Type", "application/json; charset=utf-8")
 		c.Writer.WriteHeader(http.StatusOK)
 		c.Writer.Flush()
 	}
@@ -356,19 +325,16 @@ func (s *Server) renew(c *gin.Context) {
 	if !ok {
 		return
 	}
-	var b struct {
-		TTLS *int64 `json:"ttl_s"`
-	}
+	var b cheetah.RenewBody
 	if !s.bind(c, &b) {
 		return
 	}
 	var ttl time.Duration
 	if b.TTLS != nil {
-		if *b.TTLS < 1 || *b.TTLS > 3600 {
-			s.fail(c, cheetah.Invalidf("ttl_s must be from 1 to 3600"))
+		if ttl, ok = ttlOf(*b.TTLS); !ok {
+			s.fail(c, cheetah.Invalidf("%s", cheetah.MsgTTL))
 			return
 		}
-		ttl = time.Duration(*b.TTLS) * time.Second
 	}
 	l, err := s.reg.Renew(c.Request.Context(), lease, ttl)
 	if err != nil {
@@ -392,12 +358,18 @@ func (s *Server) release(c *gin.Context) {
 }
 
 // MaxReleaseAll bounds the tokens of one release-all request.
-const MaxReleaseAll = 1000
+const MaxReleaseAll = cheetah.MaxReleaseAll
+
+// ttlOf turns ttl_s into a duration within the lease limits.
+func ttlOf(secs int64) (time.Duration, bool) {
+	if secs < int64(cheetah.MinTTL/time.Second) || secs > int64(cheetah.MaxTTL/time.Second) {
+		return 0, false
+	}
+	return time.Duration(secs) * time.Second, true
+}
 
 func (s *Server) releaseAll(c *gin.Context) {
-	var b struct {
-		LeaseTokens []string `json:"lease_tokens"`
-	}
+	var b cheetah.ReleaseAllBody
 	if !s.bind(c, &b) {
 		return
 	}
@@ -448,8 +420,8 @@ func (s *Server) listCommands(c *gin.Context) {
 	q := cheetah.ListQuery{TaskID: c.Query("task_id"), Cursor: c.Query("cursor")}
 	if l := c.Query("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 500 {
-			s.fail(c, cheetah.Invalidf("limit must be a whole number from 1 to 500"))
+		if err != nil || n < 1 || n > cheetah.MaxListLimit {
+			s.fail(c, cheetah.Invalidf("%s", cheetah.MsgListLimit))
 			return
 		}
 		q.Limit = n

@@ -41,8 +41,26 @@ type broker struct {
 
 func setup(t *testing.T, tweak ...func(*server.Config)) *broker {
 	t.Helper()
+	return setupOn(t, historytest.NewSQLite(t), tweak...)
+}
+
+// onBothStores runs f on a broker over SQLite and on one over PostgreSQL:
+// for what the store is involved in.
+func onBothStores(t *testing.T, f func(t *testing.T, b *broker), tweak ...func(*server.Config)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		f(t, setupOn(t, historytest.NewSQLite(t), tweak...))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		f(t, setupOn(t, historytest.NewPostgres(t), tweak...))
+	})
+}
+
+// setupOn is setup on a given store.
+func setupOn(t *testing.T, store *history.Store, tweak ...func(*server.Config)) *broker {
+	t.Helper()
 	ctx := context.Background()
-	store := historytest.NewSQLite(t)
 	reg, err := registry.New(ctx, registry.Config{Store: store, ReconnectGrace: 5 * time.Second})
 	require.NoError(t, err)
 	keys := auth.New(store, "", time.Now)

@@ -144,7 +144,7 @@ func (s *Server) observe(c *gin.Context) {
 		route = "unmatched" // a path of no route: its text is the caller's, unbounded
 	}
 	s.tel.http.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-		attribute.String("method", c.Request.Method), attribute.String("route", route),
+		attribute.String("method", methodLabel(c.Request.Method)), attribute.String("route", route),
 		attribute.String("status", strconv.Itoa(status))))
 	if c.Request.URL.Path == "/ws/v1/client" {
 		return // a session logs its own lines
@@ -207,3 +207,14 @@ func (s *Server) Drain() { s.draining.Store(true) }
 
 // errDraining answers what a draining broker no longer takes.
 var errDraining = &cheetah.Error{Code: cheetah.CodeOverloaded, Message: "the broker is shutting down"}
+
+// methodLabel bounds the method label of the HTTP metric: a method is the
+// caller's text, so one the API does not know counts as "other".
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions:
+		return m
+	}
+	return "other"
+}

@@ -257,9 +257,23 @@ func TestOpenAPIDocument(t *testing.T) {
 		cheetah.CodeInvalidRequest, cheetah.CodeUnauthorized, cheetah.CodeForbidden, cheetah.CodeNotFound,
 		cheetah.CodeNoContextAvailable, cheetah.CodePayloadTooLarge, cheetah.CodeLeaseLost,
 		cheetah.CodeRateLimited, cheetah.CodeStoreUnavailable, cheetah.CodeOverloaded, "internal",
+		cheetah.CodeMethodNotAllowed,
 	} {
 		require.Contains(t, codes, c, "the ErrorCode enum lacks %s", c)
 	}
+
+	// Every operation documents the 405 a wrong method gets, with its Allow
+	// header; the 401 documents WWW-Authenticate.
+	for _, o := range ops {
+		resps := o.op["responses"].(map[string]any)
+		require.Contains(t, resps, "405", "%s does not document 405", o)
+	}
+	allow, err := resolvePointer(doc, "#/components/responses/MethodNotAllowed/headers/Allow")
+	require.NoError(t, err)
+	require.NotNil(t, allow)
+	www, err := resolvePointer(doc, "#/components/responses/Unauthorized/headers/WWW-Authenticate")
+	require.NoError(t, err)
+	require.NotNil(t, www)
 }
 
 // TestOpenAPISecurity checks the security each operation states against the

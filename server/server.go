@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
@@ -101,7 +102,7 @@ func (c *Config) fill() {
 		c.MaxPendingHellos = 1024
 	}
 	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = 4 << 20
+		c.MaxMessageBytes = cheetah.DefaultMaxMessageBytes
 	}
 	if c.OutboundQueue == 0 {
 		c.OutboundQueue = 256
@@ -110,7 +111,7 @@ func (c *Config) fill() {
 		c.WriteTimeout = 10 * time.Second
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 1 << 20
+		c.MaxBodyBytes = cheetah.DefaultMaxBodyBytes
 	}
 	if c.MaxContextsPerClient == 0 {
 		c.MaxContextsPerClient = 256

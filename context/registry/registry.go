@@ -91,15 +91,16 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 }
 
-// Limits of the acquire and send requests.
+// Limits of the acquire and send requests: the broker's own, declared once
+// in the root package.
 const (
-	MinTTL            = time.Second
-	MaxTTL            = time.Hour
-	MaxWait           = time.Minute
-	MaxCommandTimeout = time.Hour
-	MaxTaskIDLen      = 256
-	MaxNameLen        = 128
-	MaxLabels         = 32
+	MinTTL            = cheetah.MinTTL
+	MaxTTL            = cheetah.MaxTTL
+	MaxWait           = cheetah.MaxWait
+	MaxCommandTimeout = cheetah.MaxCommandTimeout
+	MaxTaskIDLen      = cheetah.MaxTaskIDLen
+	MaxNameLen        = cheetah.MaxNameLen
+	MaxLabels         = cheetah.MaxLabels
 )
 
 func (c *Config) fill() {

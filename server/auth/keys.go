@@ -117,8 +117,11 @@ func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Crea
 	default:
 		return Created{}, cheetah.Invalidf("kind must be client, app or admin")
 	}
-	if len(name) > 128 {
-		return Created{}, cheetah.Invalidf("name must be at most 128 bytes")
+	if len(name) > cheetah.MaxKeyNameLen {
+		return Created{}, cheetah.Invalidf("name must be at most %d bytes", cheetah.MaxKeyNameLen)
+	}
+	if err := cheetah.CheckText("name", name); err != nil {
+		return Created{}, err
 	}
 	id := hex.EncodeToString(random(6))
 	secret := base64.RawURLEncoding.EncodeToString(random(32))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -59,6 +60,9 @@ func (w *Worker) CheckURL(raw string) error {
 	if len(raw) > MaxURLLen {
 		return cheetah.Invalidf("callback: the URL is longer than %d bytes", MaxURLLen)
 	}
+	if err := cheetah.CheckText("callback", raw); err != nil {
+		return err
+	}
 	u, err := url.Parse(raw)
 	if err != nil || !u.IsAbs() || u.Host == "" || u.Opaque != "" {
 		return cheetah.Invalidf("callback: not an absolute http(s) URL")
@@ -92,7 +96,53 @@ func nonPublicHost(host string) string {
 	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		return "a loopback"
 	}
+	// A resolver that follows inet_aton (the C library's) reads 2130706433,
+	// 0x7f000001, 0177.0.0.1 and 127.1 all as 127.0.0.1: a host of that
+	// form is judged by the address it names.
+	if a, ok := numericIPv4(name); ok {
+		return nonPublicIP(a.String())
+	}
 	return nonPublicIP(host)
+}
+
+// numericIPv4 reads s as inet_aton does: one to four parts separated by
+// dots, each decimal, octal (leading 0) or hexadecimal (leading 0x), the
+// last part filling the bytes the others leave.
+func numericIPv4(s string) (netip.Addr, bool) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	vals := make([]uint64, len(parts))
+	for i, p := range parts {
+		base := 10
+		switch {
+		case len(p) > 2 && (p[:2] == "0x" || p[:2] == "0X"):
+			p, base = p[2:], 16
+		case p == "0x" || p == "0X":
+			p, base = "0", 16
+		case len(p) > 1 && p[0] == '0':
+			p, base = p[1:], 8
+		}
+		v, err := strconv.ParseUint(p, base, 32)
+		if err != nil || p == "" {
+			return netip.Addr{}, false
+		}
+		vals[i] = v
+	}
+	var n uint64
+	for i, v := range vals[:len(vals)-1] {
+		if v > 0xff {
+			return netip.Addr{}, false
+		}
+		n |= v << (8 * (3 - i))
+	}
+	last := vals[len(vals)-1]
+	if last >= 1<<(8*(5-len(vals))) {
+		return netip.Addr{}, false
+	}
+	n |= last
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), true
 }
 
 // Address blocks that are not public beyond what netip's predicates cover.
@@ -105,6 +155,12 @@ var reserved = []netip.Prefix{
 	netip.MustParsePrefix("fec0::/10"),     // deprecated site-local
 }
 
+// IPv6 blocks whose last 32 bits are an IPv4 address.
+var embeddingV4 = []netip.Prefix{
+	netip.MustParsePrefix("::/96"),        // IPv4-compatible (deprecated)
+	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 well-known prefix
+}
+
 // nonPublicIP says why a literal IP address is not a public destination:
 // "" when it is one, or when s is not an IP address.
 func nonPublicIP(s string) string {
@@ -113,6 +169,17 @@ func nonPublicIP(s string) string {
 		return ""
 	}
 	a = a.Unmap().WithZone("")
+	// An IPv6 address that carries an IPv4 one (IPv4-compatible ::a.b.c.d,
+	// NAT64 64:ff9b::a.b.c.d) reaches what the IPv4 address names.
+	if a.Is6() && !a.IsLoopback() && !a.IsUnspecified() {
+		for _, p := range embeddingV4 {
+			if p.Contains(a) {
+				b := a.As16()
+				a = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
+				break
+			}
+		}
+	}
 	switch {
 	case a.IsLoopback():
 		return "a loopback"

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,7 +14,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"syscall"
 	"time"
@@ -195,11 +196,7 @@ func (w *Worker) post(ctx context.Context, d history.PendingDelivery, n int, key
 		}
 		// The URL is the caller's own, but it may carry credentials, and
 		// the record already shows it: only the cause is kept.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return retry, err.Error()
+		return retry, deliveryError(err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
@@ -249,7 +246,74 @@ func refuseNonPublic(network, address string, _ syscall.RawConn) error {
 		return fmt.Errorf("webhook: refused %s: %w", address, err)
 	}
 	if why := nonPublicIP(host); why != "" {
-		return fmt.Errorf("refused: %s is %s address (the broker runs without --webhook-allow-private)", host, why)
+		return &refusedError{fmt.Sprintf("refused: %s is %s address (the broker runs without --webhook-allow-private)", host, why)}
 	}
 	return nil
+}
+
+// refusedError is the dialer's refusal of a destination that is not public.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// deliveryError says for last_error why an attempt got no answer, in words
+// that name nothing of the broker's own network: never its resolver's
+// address, its local address, or the URL (which may carry credentials, and
+// which the record shows already).
+func deliveryError(err error) string {
+	var (
+		refused *refusedError
+		dns     *net.DNSError
+		errno   syscall.Errno
+		x509err interface{ Error() string }
+	)
+	switch {
+	case errors.As(err, &refused):
+		return refused.msg
+	case errors.As(err, &dns):
+		switch {
+		case dns.IsNotFound:
+			return "could not resolve host: no such host"
+		case dns.IsTimeout:
+			return "could not resolve host: the lookup timed out"
+		}
+		return "could not resolve host"
+	case errors.As(err, &errno):
+		return "could not connect: " + errno.Error()
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the connection closed before an answer"
+	case tlsError(err, &x509err):
+		return "TLS: " + x509err.Error()
+	}
+	return "could not connect"
+}
+
+// tlsError finds a certificate or TLS error in err; their text names the
+// destination's certificate, nothing of the broker.
+func tlsError(err error, out *interface{ Error() string }) bool {
+	var (
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+		verify   *tls.CertificateVerificationError
+		alert    tls.AlertError
+		record   tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &unknown):
+		*out = unknown
+	case errors.As(err, &invalid):
+		*out = invalid
+	case errors.As(err, &hostname):
+		*out = hostname
+	case errors.As(err, &verify):
+		*out = verify.Err
+	case errors.As(err, &alert):
+		*out = alert
+	case errors.As(err, &record):
+		*out = errors.New("the destination does not speak TLS")
+	default:
+		return false
+	}
+	return true
 }

@@ -1,0 +1,46 @@
+package cheetah
+
+import "encoding/json"
+
+// The HTTP API's request bodies (DESIGN §5), declared once: the server
+// decodes them and the remote SDK encodes them. Optional members are
+// pointers or omitted when empty.
+
+// AcquireBody is the body of POST /api/v1/acquire.
+type AcquireBody struct {
+	UserID     string            `json:"user_id"`
+	TaskID     string            `json:"task_id"`
+	ClientType ClientType        `json:"client_type,omitempty"`
+	ClientID   string            `json:"client_id,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	TTLS       *int64            `json:"ttl_s,omitempty"`
+	WaitMS     *int64            `json:"wait_ms,omitempty"`
+	RenewOnUse *bool             `json:"renew_on_use,omitempty"`
+}
+
+// CommandBody is the body of POST /api/v1/commands and /commands/wait.
+type CommandBody struct {
+	Name         string          `json:"name"`
+	Params       json.RawMessage `json:"params,omitempty"`
+	Target       json.RawMessage `json:"target,omitempty"`
+	Options      json.RawMessage `json:"options,omitempty"`
+	ResponseMode ResponseMode    `json:"response_mode,omitempty"`
+	TimeoutMS    *int64          `json:"timeout_ms,omitempty"`
+}
+
+// RenewBody is the body of POST /api/v1/lease/renew.
+type RenewBody struct {
+	TTLS *int64 `json:"ttl_s,omitempty"`
+}
+
+// ReleaseAllBody is the body of POST /api/v1/lease/release-all.
+type ReleaseAllBody struct {
+	LeaseTokens []string `json:"lease_tokens"`
+}
+
+// CreateKeyBody is the body of POST /api/v1/admin/keys.
+type CreateKeyBody struct {
+	Kind   string `json:"kind"`
+	UserID string `json:"user_id,omitempty"`
+	Name   string `json:"name"`
+}
