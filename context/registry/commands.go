@@ -131,6 +131,9 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 	if cmd.Name == "" || len(cmd.Name) > MaxNameLen {
 		return nil, cheetah.Invalidf("name must be 1 to %d bytes", MaxNameLen)
 	}
+	if err := cheetah.CheckText("name", cmd.Name); err != nil {
+		return nil, err
+	}
 	if !so.ResponseMode.Valid() {
 		return nil, cheetah.Invalidf("response_mode %q is not rpc, async or none", so.ResponseMode)
 	}
@@ -139,7 +142,7 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 	case timeout == 0:
 		timeout = r.cfg.DefaultCommandTimeout
 	case timeout < time.Millisecond || timeout > MaxCommandTimeout:
-		return nil, cheetah.Invalidf("timeout_ms must be from 1 to %d", MaxCommandTimeout.Milliseconds())
+		return nil, cheetah.Invalidf("%s", cheetah.MsgTimeout)
 	}
 	var params json.RawMessage
 	switch p := cmd.Params.(type) {
@@ -158,6 +161,19 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 	}
 	// A JSON null is no target and no options, as in the HTTP API.
 	so.Target, so.Options = nullIsAbsent(so.Target), nullIsAbsent(so.Options)
+	// What the store keeps is checked as the HTTP API checks it (depth,
+	// duplicate names, UTF-8), so an in-process sender is refused alike.
+	for _, v := range []struct {
+		field string
+		b     json.RawMessage
+	}{{"params", params}, {"target", so.Target}, {"options", so.Options}} {
+		if len(v.b) == 0 {
+			continue
+		}
+		if jerr := protocol.CheckJSON(v.b, cheetah.MaxJSONDepth); jerr != nil {
+			return nil, cheetah.Invalidf("%s %s", v.field, jerr.Error())
+		}
+	}
 	if err := objectOrNull("target", so.Target); err != nil {
 		return nil, err
 	}

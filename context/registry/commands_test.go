@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,6 +322,10 @@ func TestSendValidation(t *testing.T) {
 		"bad params":    {cheetah.Command{Name: "x", Params: json.RawMessage(`{`)}, cheetah.SendOptions{}},
 		"timeout big":   {cheetah.Command{Name: "x"}, cheetah.SendOptions{Timeout: time.Hour + time.Millisecond}},
 		"timeout small": {cheetah.Command{Name: "x"}, cheetah.SendOptions{Timeout: time.Microsecond}},
+		"NUL in name":   {cheetah.Command{Name: "x\x00"}, cheetah.SendOptions{}},
+		"deep params":   {cheetah.Command{Name: "x", Params: json.RawMessage(strings.Repeat("[", 65) + strings.Repeat("]", 65))}, cheetah.SendOptions{}},
+		"dup params":    {cheetah.Command{Name: "x", Params: json.RawMessage(`{"a":1,"a":2}`)}, cheetah.SendOptions{}},
+		"dup options":   {cheetah.Command{Name: "x"}, cheetah.SendOptions{Options: json.RawMessage(`{"a":1,"a":2}`)}},
 	}
 	for name, b := range bad {
 		_, err := e.reg.Send(ctx, l, b.cmd, b.so)

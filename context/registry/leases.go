@@ -141,34 +141,41 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 }
 
 func normalizeAcquire(req *cheetah.AcquireRequest, defaultTTL time.Duration) error {
-	if !protocol.ValidUserID(req.UserID) {
-		return cheetah.Invalidf("user_id %q is not a valid id", req.UserID)
+	if err := cheetah.CheckID("user_id", req.UserID); err != nil {
+		return err
 	}
-	if req.TaskID == "" || len(req.TaskID) > MaxTaskIDLen {
-		return cheetah.Invalidf("task_id must be 1 to %d bytes", MaxTaskIDLen)
+	if err := cheetah.CheckTaskID("task_id", req.TaskID); err != nil {
+		return err
 	}
 	if req.ClientType == "" {
 		req.ClientType = cheetah.Browser
 	}
 	if !req.ClientType.Valid() {
-		return cheetah.Invalidf("client_type %q is not browser or console", req.ClientType)
+		return cheetah.Invalidf("client_type must be browser or console")
 	}
-	if req.ClientID != "" && !protocol.ValidID(req.ClientID) {
-		return cheetah.Invalidf("client_id %q is not a valid id", req.ClientID)
+	if req.ClientID != "" {
+		if err := cheetah.CheckID("client_id", req.ClientID); err != nil {
+			return err
+		}
 	}
-	if len(req.Labels) > MaxLabels {
-		return cheetah.Invalidf("at most %d labels", MaxLabels)
+	if err := cheetah.CheckLabels("labels", req.Labels); err != nil {
+		return err
 	}
 	switch {
 	case req.TTL == 0:
 		req.TTL = defaultTTL
-	case req.TTL < MinTTL || req.TTL > MaxTTL || req.TTL%time.Second != 0:
-		return cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+	case !validTTL(req.TTL):
+		return cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
 	if req.Wait < 0 || req.Wait > MaxWait {
-		return cheetah.Invalidf("wait_ms must be from 0 to 60000")
+		return cheetah.Invalidf("%s", cheetah.MsgWait)
 	}
 	return nil
+}
+
+// validTTL reports whether d is a lease TTL an acquire or renew may ask for.
+func validTTL(d time.Duration) bool {
+	return d >= MinTTL && d <= MaxTTL && d%time.Second == 0
 }
 
 // pickIdle returns the longest-idle context matching req; r.mu is held.
@@ -331,8 +338,8 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 // Renew extends the lease from now by ttl, or by its own TTL when ttl is
 // zero, after the same ownership check as a send.
 func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
-	if ttl != 0 && (ttl < MinTTL || ttl > MaxTTL || ttl%time.Second != 0) {
-		return cheetah.Lease{}, cheetah.Invalidf("ttl_s must be a whole number of seconds from 1 to 3600")
+	if ttl != 0 && !validTTL(ttl) {
+		return cheetah.Lease{}, cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

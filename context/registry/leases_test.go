@@ -54,6 +54,9 @@ func TestAcquireValidation(t *testing.T) {
 		"wait negative":   func(r *cheetah.AcquireRequest) { r.Wait = -time.Millisecond },
 		"bad client id":   func(r *cheetah.AcquireRequest) { r.ClientID = "-x" },
 		"too many labels": func(r *cheetah.AcquireRequest) { r.Labels = manyLabels(33) },
+		"NUL in task":     func(r *cheetah.AcquireRequest) { r.TaskID = "t\x00" },
+		"bad UTF-8 task":  func(r *cheetah.AcquireRequest) { r.TaskID = "t\xff" },
+		"NUL in label":    func(r *cheetah.AcquireRequest) { r.Labels = map[string]string{"k": "v\x00"} },
 	} {
 		_, err := e.acquire("t", mod)
 		require.ErrorIs(t, err, cheetah.ErrInvalidRequest, name)
