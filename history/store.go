@@ -103,10 +103,12 @@ type Store struct {
 	marks atomic.Uint64
 	// What an outage holds, oldest first; only the writer goroutine
 	// touches these.
-	held       []heldWrite
-	heldBytes  int
-	maxHeld    int
-	warnedDrop bool
+	held      []heldWrite
+	heldBytes int
+	maxHeld   int
+	// dropping is set by the first write hold drops, and cleared when the
+	// database answers again: until then every later write is dropped too.
+	dropping bool
 }
 
 // maxBatchSize keeps the one seq query of a batch (an IN list with a

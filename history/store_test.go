@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,6 +249,84 @@ func TestHeldBound(t *testing.T) {
 			for i, m := range got.Messages {
 				require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, i), string(m.Data), "the oldest are kept, in order")
 			}
+		})
+	}
+}
+
+// Once the bound drops a write, every later one is dropped too until the
+// database answers again, however small: a small write kept after a large
+// one dropped would leave a hole in the middle of a command's messages and
+// number the rest around it. After recovery, holding starts again; and a
+// first write too large on its own starts dropping just the same.
+func TestHeldBoundKeepsPrefix(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
+		"sqlite":   historytest.NewSQLite,
+		"postgres": historytest.NewPostgres,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			// A small progress op counts as about 264 bytes: four fit, a
+			// large one (1,000 bytes of data) does not fit beside two.
+			s := open(t, historytest.BusyTimeout(100*time.Millisecond), historytest.MaxHeldBytes(4*300))
+			rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "usr_1111", ClientID: "c",
+				ContextID: "x", TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+			require.NoError(t, s.Write(ctx, history.InsertCommand{Rec: rec}))
+			msg := func(i, pad int) history.AppendMessage {
+				return history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindProgress,
+					Data: json.RawMessage(fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", pad)))}}
+			}
+			// outage writes the messages with the given padding during an
+			// outage, then ends it and waits for the store to recover.
+			i := 0
+			outage := func(pads ...int) history.Stats {
+				restore := historytest.Outage(t, s)
+				errs := make(chan error, len(pads))
+				for _, pad := range pads {
+					s.WriteAsync(func(err error) { errs <- err }, msg(i, pad))
+					i++
+				}
+				for range pads {
+					require.ErrorIs(t, <-errs, cheetah.ErrStoreUnavailable)
+				}
+				st := s.Stats()
+				restore()
+				require.Eventually(t, func() bool { return s.Health() == nil }, 30*time.Second, 10*time.Millisecond)
+				return st
+			}
+			seen := func() []int {
+				got, err := s.Get(ctx, rec.UserID, rec.CommandID)
+				require.NoError(t, err)
+				var is []int
+				for k, m := range got.Messages {
+					require.EqualValues(t, k+1, m.Seq)
+					var v struct{ I int }
+					require.NoError(t, json.Unmarshal(m.Data, &v))
+					is = append(is, v.I)
+				}
+				return is
+			}
+
+			// Two small held, one large dropped, then two small: dropped too.
+			st := outage(0, 0, 1000, 0, 0)
+			require.EqualValues(t, 2, st.Held)
+			require.EqualValues(t, 3, st.Dropped)
+			require.Equal(t, []int{0, 1}, seen(), "what was written is a prefix of what was enqueued")
+
+			// The outage is over: the next one holds again.
+			outage(0, 0)
+			require.Equal(t, []int{0, 1, 5, 6}, seen())
+
+			// A first write too large alone: nothing is held, and the small
+			// one after it is dropped as well.
+			st = outage(2000, 0)
+			require.EqualValues(t, 5, st.Dropped)
+			require.Equal(t, []int{0, 1, 5, 6}, seen())
+
+			// And that outage's dropping ended with it.
+			outage(0)
+			require.Equal(t, []int{0, 1, 5, 6, 9}, seen())
 		})
 	}
 }
