@@ -42,8 +42,13 @@ type Config struct {
 	// in DataDir; "postgres://…" or "postgresql://…" is PostgreSQL;
 	// "sqlite://PATH" or "file:PATH" is that SQLite file.
 	DatabaseURL string
-	// DataDir is created (0700) if missing. Default ".".
+	// DataDir is created (0700) if missing and the database is SQLite;
+	// with PostgreSQL it is not used. Default ".".
 	DataDir string
+	// Holder describes this process (its listen address, say) in the
+	// SQLite database's lock file, beside its pid and host: a second store
+	// that Open refuses (ErrDataDirInUse) names it.
+	Holder string
 	// Logger receives the store's own warnings. Nil discards them.
 	Logger *slog.Logger
 	// BatchSize caps the operations of one group commit: the writer stops
@@ -90,6 +95,8 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// unlock releases the SQLite database's lock file (see lockDatabase).
+	unlock func()
 
 	stats stats
 	inst  writerInstruments
@@ -116,16 +123,27 @@ type Store struct {
 const maxBatchSize = 4096
 
 // Open connects to the database, applies the migrations and starts the
-// writer.
+// writer. A SQLite database is locked for the store's lifetime (its lock
+// file, "<file>.lock", is flocked until Close): while another store holds
+// it, Open fails with ErrDataDirInUse, naming the holder.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	cfg = withDefaults(cfg)
-	db, dialect, lockFile, err := connect(cfg)
+	db, dialect, dbFile, err := connect(cfg)
 	if err != nil {
 		return nil, err
 	}
 	sqlDB, _ := db.DB() // connect checked it
-	if err := migrate(ctx, sqlDB, dialect, lockFile); err != nil {
+	unlock := func() {}
+	if dialect == DialectSQLite {
+		unlock, err = lockDatabase(lockFileFor(dbFile), holderInfo(cfg.Holder))
+		if err != nil {
+			_ = sqlDB.Close()
+			return nil, err
+		}
+	}
+	if err := migrate(ctx, sqlDB, dialect, migrateLockFile(dbFile)); err != nil {
 		_ = sqlDB.Close()
+		unlock()
 		return nil, err
 	}
 	s := &Store{
@@ -140,9 +158,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		stopped: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		maxHeld: cfg.MaxHeldBytes,
+		unlock:  unlock,
 	}
 	if err := s.inst.init(cfg.MeterProvider, &s.stats); err != nil {
 		_ = sqlDB.Close()
+		unlock()
 		return nil, fmt.Errorf("history.Open: metrics: %w", err)
 	}
 	go s.run()
@@ -170,13 +190,22 @@ func MigrationStatus(ctx context.Context, cfg Config) ([]migrations.Version, err
 }
 
 func withDB(ctx context.Context, cfg Config, fn func(*sql.DB, string, string) ([]migrations.Version, error)) ([]migrations.Version, error) {
-	db, dialect, lockFile, err := connect(withDefaults(cfg))
+	db, dialect, dbFile, err := connect(withDefaults(cfg))
 	if err != nil {
 		return nil, err
 	}
 	sqlDB, _ := db.DB()
 	defer sqlDB.Close()
-	return fn(sqlDB, dialect, lockFile)
+	return fn(sqlDB, dialect, migrateLockFile(dbFile))
+}
+
+// migrateLockFile is the file that serialises a SQLite database's
+// migrations; PostgreSQL (no file) uses an advisory lock instead.
+func migrateLockFile(dbFile string) string {
+	if dbFile == "" {
+		return ""
+	}
+	return migrations.LockFileFor(dbFile)
 }
 
 func withDefaults(cfg Config) Config {
@@ -196,15 +225,18 @@ func withDefaults(cfg Config) Config {
 	return cfg
 }
 
-// connect opens the configured database (creating the data directory) and
-// sizes its connection pool.
-func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
-	}
-	dialect, dialector, lockFile, err := resolve(cfg)
+// connect opens the configured database (creating the data directory for
+// SQLite; PostgreSQL needs none) and sizes its connection pool. dbFile is
+// the SQLite file, empty for PostgreSQL.
+func connect(cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
+	dialect, dialector, dbFile, err := resolve(cfg)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	if dialect == DialectSQLite {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
+		}
 	}
 	db, err = gorm.Open(dialector, &gorm.Config{
 		// The writer wraps its own transactions; gorm's per-statement ones
@@ -229,7 +261,7 @@ func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
 		// spares avoid paying that on every read.
 		sqlDB.SetMaxIdleConns(4)
 	}
-	return db, dialect, lockFile, nil
+	return db, dialect, dbFile, nil
 }
 
 func lockOpts(lockFile string) []migrations.Option {
@@ -262,8 +294,8 @@ func migrationErr(op string, err error) error {
 }
 
 // resolve turns the config into a dialect, a gorm dialector and, for SQLite,
-// the migration lock file.
-func resolve(cfg Config) (dialect string, d gorm.Dialector, lockFile string, err error) {
+// the database file.
+func resolve(cfg Config) (dialect string, d gorm.Dialector, dbFile string, err error) {
 	u := cfg.DatabaseURL
 	var path, query string
 	switch {
@@ -284,7 +316,7 @@ func resolve(cfg Config) (dialect string, d gorm.Dialector, lockFile string, err
 	if path == "" || path == ":memory:" {
 		return "", nil, "", cheetah.Invalidf("the SQLite database must be a file")
 	}
-	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), migrations.LockFileFor(path), nil
+	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), path, nil
 }
 
 // sqliteDSN adds the pragmas every connection needs to a file path. The
@@ -348,6 +380,7 @@ func (s *Store) Close() error {
 			_ = s.inst.reg.Unregister()
 		}
 		s.closeErr = s.sqlDB.Close()
+		s.unlock()
 	})
 	return s.closeErr
 }

@@ -115,13 +115,12 @@ func TestPostgresGoesAway(t *testing.T) {
 	require.ErrorIs(t, s.Ping(ctx), cheetah.ErrStoreUnavailable)
 }
 
-// TestConcurrentOpen opens several stores on one new database at once, as
-// processes starting together would: the migration lock lets exactly one
-// migrate and the others find the schema ready.
+// TestConcurrentOpen opens several stores on one new PostgreSQL database at
+// once, as replicas starting together would: the migration lock lets exactly
+// one migrate and the others find the schema ready.
 func TestConcurrentOpen(t *testing.T) {
 	t.Parallel()
 	for name, newURL := range map[string]func(*testing.T) string{
-		"sqlite":   func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "shared.db") },
 		"postgres": func(t *testing.T) string { return historytest.EmptyPostgres(t) },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -153,6 +152,41 @@ func TestConcurrentOpen(t *testing.T) {
 				require.NoError(t, err)
 			}
 		})
+	}
+}
+
+// TestConcurrentOpenSQLite: SQLite is single-node, so of several stores
+// opened on one new file at once exactly one opens, and the others are
+// refused by its lock; migrations run beside them (`cheetah migrate`) wait
+// for the migration lock and all succeed.
+func TestConcurrentOpenSQLite(t *testing.T) {
+	t.Parallel()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "shared.db")
+	const n = 4
+	stores := make([]*history.Store, n)
+	errs := make([]error, 2*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			stores[i], errs[i] = history.Open(t.Context(), history.Config{DatabaseURL: url, DataDir: t.TempDir()})
+		})
+		wg.Go(func() {
+			_, errs[n+i] = history.Migrate(t.Context(), history.Config{DatabaseURL: url, DataDir: t.TempDir()})
+		})
+	}
+	wg.Wait()
+	opened := 0
+	for i := range n {
+		if stores[i] != nil {
+			opened++
+			t.Cleanup(func() { require.NoError(t, stores[i].Close()) })
+			continue
+		}
+		require.ErrorIs(t, errs[i], history.ErrDataDirInUse)
+	}
+	require.Equal(t, 1, opened)
+	for i := n; i < 2*n; i++ {
+		require.NoError(t, errs[i])
 	}
 }
 
@@ -329,4 +363,49 @@ func TestHeldBoundKeepsPrefix(t *testing.T) {
 			require.Equal(t, []int{0, 1, 5, 6, 9}, seen())
 		})
 	}
+}
+
+// A SQLite database belongs to one store at a time: a second Open on the
+// same data directory is refused, naming the first (pid, host, holder),
+// until the first closes.
+func TestSQLiteDataDirLock(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := history.Config{DataDir: dir, Holder: "a broker listening on 127.0.0.1:8420"}
+	first, err := history.Open(t.Context(), cfg)
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			require.NoError(t, first.Close())
+		}
+	})
+
+	_, err = history.Open(t.Context(), history.Config{DataDir: dir, Holder: "another"})
+	require.ErrorIs(t, err, history.ErrDataDirInUse)
+	require.NotErrorIs(t, err, cheetah.ErrStoreUnavailable, "not an outage to wait out")
+	host, _ := os.Hostname()
+	require.Contains(t, err.Error(), fmt.Sprintf("pid %d on host %s, a broker listening on 127.0.0.1:8420", os.Getpid(), host))
+	require.Contains(t, err.Error(), filepath.Join(dir, "cheetah.db.lock"))
+	// The same file named by URL is the same database.
+	_, err = history.Open(t.Context(), history.Config{DatabaseURL: "sqlite://" + filepath.Join(dir, "cheetah.db"), DataDir: t.TempDir()})
+	require.ErrorIs(t, err, history.ErrDataDirInUse)
+	require.NoError(t, first.Ping(t.Context()), "the refused opens left the first store alone")
+
+	require.NoError(t, first.Close())
+	closed = true
+	second, err := history.Open(t.Context(), history.Config{DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, second.Close())
+}
+
+// PostgreSQL needs no data directory: Open does not create one.
+func TestPostgresMakesNoDataDir(t *testing.T) {
+	t.Parallel()
+	url := historytest.EmptyPostgres(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := history.Open(t.Context(), history.Config{DatabaseURL: url, DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoDirExists(t, dir)
 }
