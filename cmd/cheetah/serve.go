@@ -14,7 +14,6 @@ import (
 
 	"go.opentelemetry.io/otel"
 
-	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -106,6 +105,7 @@ func (c *serveCmd) Run() error {
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
+		HistoryRetention: c.HistoryRetention, Listen: c.Listen,
 	})
 	if err != nil {
 		return err
@@ -135,7 +135,6 @@ func (c *serveCmd) Run() error {
 	}
 	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	go retention(ctx, b.Store, c.HistoryRetention, log)
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect(),
@@ -189,28 +188,6 @@ func newLog(level, format string, secrets ...string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-format: %w", err)
 	}
 	return slog.New(h), nil
-}
-
-// retention deletes finished commands older than keep, hourly.
-func retention(ctx context.Context, store *history.Store, keep time.Duration, log *slog.Logger) {
-	if keep <= 0 {
-		return
-	}
-	t := time.NewTicker(time.Hour)
-	defer t.Stop()
-	for {
-		n, err := store.PurgeBefore(ctx, time.Now().Add(-keep))
-		if err != nil && ctx.Err() == nil {
-			log.Warn("history retention", "err", err)
-		} else if n > 0 {
-			log.Info("history retention removed commands", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // loopback reports whether addr listens on loopback only; such a broker
