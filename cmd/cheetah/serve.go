@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -46,7 +47,7 @@ type serveCmd struct {
 const shutdownGrace = 10 * time.Second
 
 func (c *serveCmd) Run() error {
-	log, err := newLog(c.LogLevel, c.LogFormat, c.AdminKey)
+	log, err := newLog(c.LogLevel, c.LogFormat, c.AdminKey, dbPassword(c.DatabaseURL))
 	if err != nil {
 		return err
 	}
@@ -99,15 +100,34 @@ func (c *serveCmd) Run() error {
 		}
 	}()
 
-	b, err := server.Open(ctx, server.Options{
+	// Listen at once: while the store cannot be opened (PostgreSQL down at
+	// start), /healthz answers 200 and the rest 503, and the store is
+	// tried again with backoff until it opens or a signal stops us.
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	front := server.NewStarting(tel.MetricsHandler())
+	httpSrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	b, err := server.OpenRetry(ctx, server.Options{
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
 		HistoryRetention: c.HistoryRetention, Listen: c.Listen,
-	})
+	}, server.DefaultRetry)
 	if err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		_ = httpSrv.Shutdown(sctx)
+		if ctx.Err() != nil {
+			log.Info("stopped before the store opened")
+			return nil
+		}
 		return err
 	}
 	closed := false
@@ -129,14 +149,7 @@ func (c *serveCmd) Run() error {
 		// Shown once, on the terminal, never through the logger.
 		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
 	}
-	ln, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(ln) }()
+	front.Ready(b.Server.Handler())
 	log.Info("cheetah serving", "listen", ln.Addr().String(), "store", b.Store.Dialect(),
 		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
 
@@ -188,6 +201,16 @@ func newLog(level, format string, secrets ...string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-format: %w", err)
 	}
 	return slog.New(h), nil
+}
+
+// dbPassword is the database URL's password, if any, for the log to redact.
+func dbPassword(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return ""
+	}
+	pw, _ := p.User.Password()
+	return pw
 }
 
 // loopback reports whether addr listens on loopback only; such a broker
