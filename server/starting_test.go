@@ -215,7 +215,11 @@ func TestOpenRetryStops(t *testing.T) {
 			server.Retry{Min: time.Hour})
 		done <- err
 	}()
-	<-attempts
+	select {
+	case <-attempts:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no failed attempt was logged")
+	}
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 
