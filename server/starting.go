@@ -37,6 +37,7 @@ func (s *Starting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		(*h).ServeHTTP(w, r)
 		return
 	}
+	w.Header().Set(HeaderRequestID, requestID(r.Header.Get(HeaderRequestID)))
 	switch {
 	case r.URL.Path == "/healthz":
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -111,6 +111,7 @@ func getStatus(t *testing.T, base, path string) (int, cheetah.Envelope) {
 	resp, err := http.Get(base + path)
 	require.NoError(t, err)
 	defer resp.Body.Close()
+	require.NotEmpty(t, resp.Header.Get(server.HeaderRequestID))
 	var env cheetah.Envelope
 	raw, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 300 {
