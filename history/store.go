@@ -128,7 +128,7 @@ const maxBatchSize = 4096
 // it, Open fails with ErrDataDirInUse, naming the holder.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	cfg = withDefaults(cfg)
-	db, dialect, dbFile, err := connect(cfg)
+	db, dialect, dbFile, err := connect(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +190,7 @@ func MigrationStatus(ctx context.Context, cfg Config) ([]migrations.Version, err
 }
 
 func withDB(ctx context.Context, cfg Config, fn func(*sql.DB, string, string) ([]migrations.Version, error)) ([]migrations.Version, error) {
-	db, dialect, dbFile, err := connect(withDefaults(cfg))
+	db, dialect, dbFile, err := connect(ctx, withDefaults(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -226,9 +226,10 @@ func withDefaults(cfg Config) Config {
 }
 
 // connect opens the configured database (creating the data directory for
-// SQLite; PostgreSQL needs none) and sizes its connection pool. dbFile is
-// the SQLite file, empty for PostgreSQL.
-func connect(cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
+// SQLite; PostgreSQL needs none), checks that it answers within ctx, and
+// sizes its connection pool. dbFile is the SQLite file, empty for
+// PostgreSQL.
+func connect(ctx context.Context, cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
 	dialect, dialector, dbFile, err := resolve(cfg)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
@@ -245,6 +246,9 @@ func connect(cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
 		// Statement errors are returned to callers, who decide what to log;
 		// gorm would log every refused insert and, with parameters, secrets.
 		Logger: gormlogger.Discard.LogMode(gormlogger.Silent),
+		// gorm's own ping ignores any context: a database that accepts the
+		// connection and never answers would hang Open past a SIGTERM.
+		DisableAutomaticPing: true,
 	})
 	if err != nil {
 		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
@@ -252,6 +256,10 @@ func connect(cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
 	sqlDB, err := db.DB()
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	if err := sqlDB.PingContext(ctx); err != nil {
+		_ = sqlDB.Close()
+		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
 	}
 	if dialect == DialectPostgres {
 		sqlDB.SetMaxOpenConns(16)

@@ -231,3 +231,50 @@ func TestOpenRetryStops(t *testing.T) {
 	_, err = server.OpenRetry(t.Context(), server.Options{DataDir: dir}, server.Retry{Min: time.Hour})
 	require.True(t, err != nil && !errors.Is(err, cheetah.ErrStoreUnavailable), "%v", err)
 }
+
+// A database that takes the connection and never answers does not hold
+// OpenRetry past its context: a SIGTERM during such an attempt ends it.
+func TestOpenRetryStopsDuringHangingAttempt(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan net.Conn, 16)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	})
+	defer func() {
+		_ = l.Close()
+		wg.Wait()
+		close(accepted)
+		for c := range accepted {
+			_ = c.Close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := server.OpenRetry(ctx, server.Options{DatabaseURL: "postgres://postgres@" + l.Addr().String() + "/x?sslmode=disable"},
+			server.Retry{Min: time.Hour})
+		done <- err
+	}()
+	select {
+	case c := <-accepted:
+		accepted <- c // closed at the end
+	case <-time.After(30 * time.Second):
+		t.Fatal("no connection attempt")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(30 * time.Second):
+		t.Fatal("OpenRetry did not return after its context ended")
+	}
+}
