@@ -39,17 +39,18 @@ func TestSQLiteConnectionSettings(t *testing.T) {
 
 func TestResolve(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ url, dialect, lock string }{
-		{"", DialectSQLite, filepath.Join("data", "cheetah.db-migrate.lock")},
-		{"sqlite:///var/lib/cheetah/c.db", DialectSQLite, "/var/lib/cheetah/c.db-migrate.lock"},
-		{"file:rel.db?_pragma=cache_size(-20000)", DialectSQLite, "rel.db-migrate.lock"},
-		{"postgres://u@h/db", DialectPostgres, ""},
-		{"postgresql://u@h/db", DialectPostgres, ""},
+	for _, tc := range []struct{ url, dialect, file, lock string }{
+		{"", DialectSQLite, filepath.Join("data", "cheetah.db"), filepath.Join("data", "cheetah.db-migrate.lock")},
+		{"sqlite:///var/lib/cheetah/c.db", DialectSQLite, "/var/lib/cheetah/c.db", "/var/lib/cheetah/c.db-migrate.lock"},
+		{"file:rel.db?_pragma=cache_size(-20000)", DialectSQLite, "rel.db", "rel.db-migrate.lock"},
+		{"postgres://u@h/db", DialectPostgres, "", ""},
+		{"postgresql://u@h/db", DialectPostgres, "", ""},
 	} {
-		d, _, lock, err := resolve(Config{DatabaseURL: tc.url, DataDir: "data"})
+		d, _, file, err := resolve(Config{DatabaseURL: tc.url, DataDir: "data"})
 		require.NoError(t, err, tc.url)
 		require.Equal(t, tc.dialect, d, tc.url)
-		require.Equal(t, tc.lock, lock, tc.url)
+		require.Equal(t, tc.file, file, tc.url)
+		require.Equal(t, tc.lock, migrateLockFile(file), tc.url)
 	}
 	for _, u := range []string{"mysql://x", "sqlite://", "sqlite://:memory:", "cheetah.db"} {
 		_, _, _, err := resolve(Config{DatabaseURL: u, DataDir: "data"})

@@ -44,8 +44,13 @@ type Config struct {
 	// in DataDir; "postgres://…" or "postgresql://…" is PostgreSQL;
 	// "sqlite://PATH" or "file:PATH" is that SQLite file.
 	DatabaseURL string
-	// DataDir is created (0700) if missing. Default ".".
+	// DataDir is created (0700) if missing and the database is SQLite;
+	// with PostgreSQL it is not used. Default ".".
 	DataDir string
+	// Holder describes this process (its listen address, say) in the
+	// SQLite database's lock file, beside its pid and host: a second store
+	// that Open refuses (ErrDataDirInUse) names it.
+	Holder string
 	// Logger receives the store's own warnings. Nil discards them.
 	Logger *slog.Logger
 	// BatchSize caps the operations of one group commit: the writer stops
@@ -92,6 +97,8 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// unlock releases the SQLite database's lock file (see lockDatabase).
+	unlock func()
 
 	stats stats
 	inst  writerInstruments
@@ -105,10 +112,12 @@ type Store struct {
 	marks atomic.Uint64
 	// What an outage holds, oldest first; only the writer goroutine
 	// touches these.
-	held       []heldWrite
-	heldBytes  int
-	maxHeld    int
-	warnedDrop bool
+	held      []heldWrite
+	heldBytes int
+	maxHeld   int
+	// dropping is set by the first write hold drops, and cleared when the
+	// database answers again: until then every later write is dropped too.
+	dropping bool
 	// The SQLite write path's prepared statements (see applySQLite); only
 	// the writer goroutine touches them.
 	sqliteStmts sqliteStmts
@@ -119,16 +128,27 @@ type Store struct {
 const maxBatchSize = 4096
 
 // Open connects to the database, applies the migrations and starts the
-// writer.
+// writer. A SQLite database is locked for the store's lifetime (its lock
+// file, "<file>.lock", is flocked until Close): while another store holds
+// it, Open fails with ErrDataDirInUse, naming the holder.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	cfg = withDefaults(cfg)
-	db, dialect, lockFile, err := connect(cfg)
+	db, dialect, dbFile, err := connect(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	sqlDB, _ := db.DB() // connect checked it
-	if err := migrate(ctx, sqlDB, dialect, lockFile); err != nil {
+	unlock := func() {}
+	if dialect == DialectSQLite {
+		unlock, err = lockDatabase(lockFileFor(dbFile), holderInfo(cfg.Holder))
+		if err != nil {
+			_ = sqlDB.Close()
+			return nil, err
+		}
+	}
+	if err := migrate(ctx, sqlDB, dialect, migrateLockFile(dbFile)); err != nil {
 		_ = sqlDB.Close()
+		unlock()
 		return nil, err
 	}
 	s := &Store{
@@ -143,9 +163,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		stopped: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		maxHeld: cfg.MaxHeldBytes,
+		unlock:  unlock,
 	}
 	if err := s.inst.init(cfg.MeterProvider, &s.stats); err != nil {
 		_ = sqlDB.Close()
+		unlock()
 		return nil, fmt.Errorf("history.Open: metrics: %w", err)
 	}
 	go s.run()
@@ -173,13 +195,22 @@ func MigrationStatus(ctx context.Context, cfg Config) ([]migrations.Version, err
 }
 
 func withDB(ctx context.Context, cfg Config, fn func(*sql.DB, string, string) ([]migrations.Version, error)) ([]migrations.Version, error) {
-	db, dialect, lockFile, err := connect(withDefaults(cfg))
+	db, dialect, dbFile, err := connect(ctx, withDefaults(cfg))
 	if err != nil {
 		return nil, err
 	}
 	sqlDB, _ := db.DB()
 	defer sqlDB.Close()
-	return fn(sqlDB, dialect, lockFile)
+	return fn(sqlDB, dialect, migrateLockFile(dbFile))
+}
+
+// migrateLockFile is the file that serialises a SQLite database's
+// migrations; PostgreSQL (no file) uses an advisory lock instead.
+func migrateLockFile(dbFile string) string {
+	if dbFile == "" {
+		return ""
+	}
+	return migrations.LockFileFor(dbFile)
 }
 
 func withDefaults(cfg Config) Config {
@@ -199,15 +230,19 @@ func withDefaults(cfg Config) Config {
 	return cfg
 }
 
-// connect opens the configured database (creating the data directory) and
-// sizes its connection pool.
-func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
-	}
-	dialect, dialector, lockFile, err := resolve(cfg)
+// connect opens the configured database (creating the data directory for
+// SQLite; PostgreSQL needs none), checks that it answers within ctx, and
+// sizes its connection pool. dbFile is the SQLite file, empty for
+// PostgreSQL.
+func connect(ctx context.Context, cfg Config) (db *gorm.DB, dialect, dbFile string, err error) {
+	dialect, dialector, dbFile, err := resolve(cfg)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	if dialect == DialectSQLite {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
+		}
 	}
 	db, err = gorm.Open(dialector, &gorm.Config{
 		// The writer wraps its own transactions; gorm's per-statement ones
@@ -216,6 +251,9 @@ func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
 		// Statement errors are returned to callers, who decide what to log;
 		// gorm would log every refused insert and, with parameters, secrets.
 		Logger: gormlogger.Discard.LogMode(gormlogger.Silent),
+		// gorm's own ping ignores any context: a database that accepts the
+		// connection and never answers would hang Open past a SIGTERM.
+		DisableAutomaticPing: true,
 	})
 	if err != nil {
 		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
@@ -223,6 +261,10 @@ func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
 	sqlDB, err := db.DB()
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
+	}
+	if err := sqlDB.PingContext(ctx); err != nil {
+		_ = sqlDB.Close()
+		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
 	}
 	if dialect == DialectPostgres {
 		sqlDB.SetMaxOpenConns(16)
@@ -232,7 +274,7 @@ func connect(cfg Config) (db *gorm.DB, dialect, lockFile string, err error) {
 		// spares avoid paying that on every read.
 		sqlDB.SetMaxIdleConns(4)
 	}
-	return db, dialect, lockFile, nil
+	return db, dialect, dbFile, nil
 }
 
 func lockOpts(lockFile string) []migrations.Option {
@@ -265,8 +307,8 @@ func migrationErr(op string, err error) error {
 }
 
 // resolve turns the config into a dialect, a gorm dialector and, for SQLite,
-// the migration lock file.
-func resolve(cfg Config) (dialect string, d gorm.Dialector, lockFile string, err error) {
+// the database file.
+func resolve(cfg Config) (dialect string, d gorm.Dialector, dbFile string, err error) {
 	u := cfg.DatabaseURL
 	var path, query string
 	switch {
@@ -287,7 +329,7 @@ func resolve(cfg Config) (dialect string, d gorm.Dialector, lockFile string, err
 	if path == "" || path == ":memory:" {
 		return "", nil, "", cheetah.Invalidf("the SQLite database must be a file")
 	}
-	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), migrations.LockFileFor(path), nil
+	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), path, nil
 }
 
 // sqliteDSN adds the pragmas every connection needs to a file path. The
@@ -351,6 +393,7 @@ func (s *Store) Close() error {
 			_ = s.inst.reg.Unregister()
 		}
 		s.closeErr = s.sqlDB.Close()
+		s.unlock()
 	})
 	return s.closeErr
 }

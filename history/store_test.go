@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,13 +115,12 @@ func TestPostgresGoesAway(t *testing.T) {
 	require.ErrorIs(t, s.Ping(ctx), cheetah.ErrStoreUnavailable)
 }
 
-// TestConcurrentOpen opens several stores on one new database at once, as
-// processes starting together would: the migration lock lets exactly one
-// migrate and the others find the schema ready.
+// TestConcurrentOpen opens several stores on one new PostgreSQL database at
+// once, as replicas starting together would: the migration lock lets exactly
+// one migrate and the others find the schema ready.
 func TestConcurrentOpen(t *testing.T) {
 	t.Parallel()
 	for name, newURL := range map[string]func(*testing.T) string{
-		"sqlite":   func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "shared.db") },
 		"postgres": func(t *testing.T) string { return historytest.EmptyPostgres(t) },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -152,6 +152,41 @@ func TestConcurrentOpen(t *testing.T) {
 				require.NoError(t, err)
 			}
 		})
+	}
+}
+
+// TestConcurrentOpenSQLite: SQLite is single-node, so of several stores
+// opened on one new file at once exactly one opens, and the others are
+// refused by its lock; migrations run beside them (`cheetah migrate`) wait
+// for the migration lock and all succeed.
+func TestConcurrentOpenSQLite(t *testing.T) {
+	t.Parallel()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "shared.db")
+	const n = 4
+	stores := make([]*history.Store, n)
+	errs := make([]error, 2*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			stores[i], errs[i] = history.Open(t.Context(), history.Config{DatabaseURL: url, DataDir: t.TempDir()})
+		})
+		wg.Go(func() {
+			_, errs[n+i] = history.Migrate(t.Context(), history.Config{DatabaseURL: url, DataDir: t.TempDir()})
+		})
+	}
+	wg.Wait()
+	opened := 0
+	for i := range n {
+		if stores[i] != nil {
+			opened++
+			t.Cleanup(func() { require.NoError(t, stores[i].Close()) })
+			continue
+		}
+		require.ErrorIs(t, errs[i], history.ErrDataDirInUse)
+	}
+	require.Equal(t, 1, opened)
+	for i := n; i < 2*n; i++ {
+		require.NoError(t, errs[i])
 	}
 }
 
@@ -250,4 +285,127 @@ func TestHeldBound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Once the bound drops a write, every later one is dropped too until the
+// database answers again, however small: a small write kept after a large
+// one dropped would leave a hole in the middle of a command's messages and
+// number the rest around it. After recovery, holding starts again; and a
+// first write too large on its own starts dropping just the same.
+func TestHeldBoundKeepsPrefix(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(testing.TB, ...historytest.Option) *history.Store{
+		"sqlite":   historytest.NewSQLite,
+		"postgres": historytest.NewPostgres,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			// A small progress op counts as about 264 bytes: four fit, a
+			// large one (1,000 bytes of data) does not fit beside two.
+			s := open(t, historytest.BusyTimeout(100*time.Millisecond), historytest.MaxHeldBytes(4*300))
+			rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "usr_1111", ClientID: "c",
+				ContextID: "x", TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+			require.NoError(t, s.Write(ctx, history.InsertCommand{Rec: rec}))
+			msg := func(i, pad int) history.AppendMessage {
+				return history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindProgress,
+					Data: json.RawMessage(fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", pad)))}}
+			}
+			// outage writes the messages with the given padding during an
+			// outage, then ends it and waits for the store to recover.
+			i := 0
+			outage := func(pads ...int) history.Stats {
+				restore := historytest.Outage(t, s)
+				errs := make(chan error, len(pads))
+				for _, pad := range pads {
+					s.WriteAsync(func(err error) { errs <- err }, msg(i, pad))
+					i++
+				}
+				for range pads {
+					require.ErrorIs(t, <-errs, cheetah.ErrStoreUnavailable)
+				}
+				st := s.Stats()
+				restore()
+				require.Eventually(t, func() bool { return s.Health() == nil }, 30*time.Second, 10*time.Millisecond)
+				return st
+			}
+			seen := func() []int {
+				got, err := s.Get(ctx, rec.UserID, rec.CommandID)
+				require.NoError(t, err)
+				var is []int
+				for k, m := range got.Messages {
+					require.EqualValues(t, k+1, m.Seq)
+					var v struct{ I int }
+					require.NoError(t, json.Unmarshal(m.Data, &v))
+					is = append(is, v.I)
+				}
+				return is
+			}
+
+			// Two small held, one large dropped, then two small: dropped too.
+			st := outage(0, 0, 1000, 0, 0)
+			require.EqualValues(t, 2, st.Held)
+			require.EqualValues(t, 3, st.Dropped)
+			require.Equal(t, []int{0, 1}, seen(), "what was written is a prefix of what was enqueued")
+
+			// The outage is over: the next one holds again.
+			outage(0, 0)
+			require.Equal(t, []int{0, 1, 5, 6}, seen())
+
+			// A first write too large alone: nothing is held, and the small
+			// one after it is dropped as well.
+			st = outage(2000, 0)
+			require.EqualValues(t, 5, st.Dropped)
+			require.Equal(t, []int{0, 1, 5, 6}, seen())
+
+			// And that outage's dropping ended with it.
+			outage(0)
+			require.Equal(t, []int{0, 1, 5, 6, 9}, seen())
+		})
+	}
+}
+
+// A SQLite database belongs to one store at a time: a second Open on the
+// same data directory is refused, naming the first (pid, host, holder),
+// until the first closes.
+func TestSQLiteDataDirLock(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := history.Config{DataDir: dir, Holder: "a broker listening on 127.0.0.1:8420"}
+	first, err := history.Open(t.Context(), cfg)
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			require.NoError(t, first.Close())
+		}
+	})
+
+	_, err = history.Open(t.Context(), history.Config{DataDir: dir, Holder: "another"})
+	require.ErrorIs(t, err, history.ErrDataDirInUse)
+	require.NotErrorIs(t, err, cheetah.ErrStoreUnavailable, "not an outage to wait out")
+	host, _ := os.Hostname()
+	require.Contains(t, err.Error(), fmt.Sprintf("pid %d on host %s, a broker listening on 127.0.0.1:8420", os.Getpid(), host))
+	require.Contains(t, err.Error(), filepath.Join(dir, "cheetah.db.lock"))
+	// The same file named by URL is the same database.
+	_, err = history.Open(t.Context(), history.Config{DatabaseURL: "sqlite://" + filepath.Join(dir, "cheetah.db"), DataDir: t.TempDir()})
+	require.ErrorIs(t, err, history.ErrDataDirInUse)
+	require.NoError(t, first.Ping(t.Context()), "the refused opens left the first store alone")
+
+	require.NoError(t, first.Close())
+	closed = true
+	second, err := history.Open(t.Context(), history.Config{DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, second.Close())
+}
+
+// PostgreSQL needs no data directory: Open does not create one.
+func TestPostgresMakesNoDataDir(t *testing.T) {
+	t.Parallel()
+	url := historytest.EmptyPostgres(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := history.Open(t.Context(), history.Config{DatabaseURL: url, DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoDirExists(t, dir)
 }

@@ -197,6 +197,9 @@ func (s *Store) noteHealth(err error, seen uint64) {
 	case s.down.Load() != nil && len(s.held) == 0 && s.marks.Load() == seen:
 		s.log.Info("history: the database answers again")
 		s.down.Store(nil)
+		// The outage is over; if it dropped writes with nothing held,
+		// holding may start again.
+		s.dropping = false
 	}
 }
 
@@ -436,14 +439,18 @@ func (s *Store) finish(r request, err error) {
 
 // hold keeps r's ops for drainHeld, unless that would pass MaxHeldBytes:
 // then they are dropped, and counted, so that an outage costs bounded memory.
-// What is dropped is the newest, so what is written later stays a prefix of
+// Once one write is dropped, every later one is dropped too, however small,
+// until the database answers again (the held queue has drained, or nothing
+// was held and a write or probe went through): a small write kept after a
+// large one dropped would leave a gap in the middle of a command's messages
+// and number the rest around it. So what is written later stays a prefix of
 // what was enqueued.
 func (s *Store) hold(r request) {
 	size := opsBytes(r.ops)
-	if s.heldBytes+size > s.maxHeld {
-		if !s.warnedDrop {
-			s.warnedDrop = true
-			s.log.Error("history: too much is held while the database does not answer; dropping asynchronous writes",
+	if s.dropping || s.heldBytes+size > s.maxHeld {
+		if !s.dropping {
+			s.dropping = true
+			s.log.Error("history: too much is held while the database does not answer; dropping asynchronous writes until it answers again",
 				"held_ops", len(s.held), "held_bytes", s.heldBytes, "max_held_bytes", s.maxHeld)
 		}
 		s.stats.dropped.Add(int64(len(r.ops)))
@@ -509,7 +516,7 @@ func (s *Store) release(n int) {
 	}
 	s.held = s.held[n:]
 	if len(s.held) == 0 {
-		s.held, s.heldBytes, s.warnedDrop = nil, 0, false
+		s.held, s.heldBytes, s.dropping = nil, 0, false
 	}
 }
 

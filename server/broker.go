@@ -56,6 +56,16 @@ type Options struct {
 	// then shuts it down on Close. A Telemetry given here is the caller's
 	// to shut down, after Close.
 	Telemetry *telemetry.Telemetry
+	// HistoryRetention is how long finished commands are kept; 0 keeps
+	// them all. The broker deletes older ones at Open and then every
+	// RetentionInterval (an hour), by Clock.
+	HistoryRetention  time.Duration
+	RetentionInterval time.Duration
+	// Listen is the address the broker's HTTP server listens on, if any.
+	// Open does not listen; it writes this in the SQLite database's lock
+	// file, so that a second broker refused on the same data directory
+	// names this one.
+	Listen string
 }
 
 // Broker is the store, registry, keys and server wired together: what
@@ -68,6 +78,8 @@ type Broker struct {
 	Server   *Server
 	// Webhooks delivers command records to callback URLs.
 	Webhooks *webhook.Worker
+	// Retention deletes the history past Options.HistoryRetention.
+	Retention *Retention
 	// Telemetry holds the providers the broker reports to.
 	Telemetry *telemetry.Telemetry
 	ownTel    bool // Open built Telemetry, so Close shuts it down
@@ -103,7 +115,12 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 
 func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, error) {
 	tp, mp := tel.TracerProvider(), tel.MeterProvider()
-	store, err := history.Open(ctx, history.Config{DatabaseURL: o.DatabaseURL, DataDir: o.DataDir, Logger: o.Log, MeterProvider: mp})
+	holder := "an embedded broker"
+	if o.Listen != "" {
+		holder = "a broker listening on " + o.Listen
+	}
+	store, err := history.Open(ctx, history.Config{DatabaseURL: o.DatabaseURL, DataDir: o.DataDir, Logger: o.Log,
+		MeterProvider: mp, Holder: holder})
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -157,8 +174,11 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		store.Close()
 		return nil, err
 	}
+	ret := NewRetention(RetentionConfig{Store: store, Keep: o.HistoryRetention, Interval: o.RetentionInterval,
+		Clock: o.Clock, Log: o.Log})
 	hooks.Start()
-	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Telemetry: tel}, nil
+	ret.Start()
+	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Retention: ret, Telemetry: tel}, nil
 }
 
 // Manager is the in-process SDK over this broker. A send with a callback is
@@ -193,8 +213,9 @@ func (b *Broker) Drain(ctx context.Context, grace time.Duration) (int, error) {
 
 // Close stops the broker: it marks the commands still in flight
 // interrupted (all of them, at once: Drain first for a graceful stop),
-// closes every client with 1001, stops the registry and the webhook worker
-// (pending deliveries stay in the store for the next start), flushes and
+// closes every client with 1001, stops the registry, the webhook worker
+// (pending deliveries stay in the store for the next start) and history
+// retention, flushes and
 // closes the store, and shuts down the telemetry Open built (exporters
 // send what they hold). ctx bounds the waits.
 func (b *Broker) Close(ctx context.Context) error {
@@ -202,6 +223,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	err := b.Server.Shutdown(ctx)
 	b.Registry.Close()
 	b.Webhooks.Close()
+	b.Retention.Close()
 	err = errors.Join(ierr, err, b.Store.Close())
 	if b.ownTel {
 		err = errors.Join(err, b.Telemetry.Shutdown(ctx))

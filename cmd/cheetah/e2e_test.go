@@ -51,14 +51,39 @@ func TestMain(m *testing.M) {
 // proc is a running cheetah process whose output is kept for failures.
 type proc struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
+	out *outBuffer
+}
+
+// outBuffer is a process's output, readable while the process writes it.
+type outBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *outBuffer) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *outBuffer) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
 }
 
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
+	return startIn(t, "", env, args...)
+}
+
+// startIn is start with dir as the process's working directory.
+func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	var buf bytes.Buffer
+	var buf outBuffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	require.NoError(t, cmd.Start())
 	p := &proc{cmd: cmd, out: &buf}
@@ -203,7 +228,9 @@ func TestFirstStartPrintsAdminKeyOnce(t *testing.T) {
 		addr := freePort(t)
 		p := start(t, []string{"CHEETAH_ADMIN_KEY=", "CHEETAH_DATA_DIR=" + dir, "CHEETAH_LISTEN=" + addr}, "serve")
 		a := api{t: t, base: "http://" + addr}
-		require.Eventually(t, func() bool { return a.call("GET", "/healthz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
+		// /healthz answers while the store is still opening; /readyz once
+		// it is open (and the key printed).
+		require.Eventually(t, func() bool { return a.call("GET", "/readyz", "", nil, nil) == 200 }, 30*time.Second, 50*time.Millisecond)
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, p.cmd.Wait())
 		return p.out.String()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,7 +15,6 @@ import (
 
 	"go.opentelemetry.io/otel"
 
-	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -49,7 +49,7 @@ type serveCmd struct {
 const shutdownGrace = 10 * time.Second
 
 func (c *serveCmd) Run() error {
-	log, err := newLog(c.LogLevel, c.LogFormat, c.AdminKey)
+	log, err := newLog(c.LogLevel, c.LogFormat, c.AdminKey, dbPassword(c.DatabaseURL))
 	if err != nil {
 		return err
 	}
@@ -110,14 +110,39 @@ func (c *serveCmd) Run() error {
 		}
 	}()
 
-	b, err := server.Open(ctx, server.Options{
+	// Listen at once: while the store cannot be opened (PostgreSQL down at
+	// start), /healthz answers 200 and the rest 503, and the store is
+	// tried again with backoff until it opens or a signal stops us.
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	front := server.NewStarting(tel.MetricsHandler())
+	httpSrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	if certs != nil {
+		httpSrv.TLSConfig = certs.TLSConfig()
+		go func() { errc <- httpSrv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { errc <- httpSrv.Serve(ln) }()
+	}
+	b, err := server.OpenRetry(ctx, server.Options{
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
-	})
+		HistoryRetention: c.HistoryRetention, Listen: c.Listen,
+	}, server.DefaultRetry)
 	if err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		_ = httpSrv.Shutdown(sctx)
+		if ctx.Err() != nil {
+			log.Info("stopped before the store opened")
+			return nil
+		}
 		return err
 	}
 	closed := false
@@ -139,21 +164,10 @@ func (c *serveCmd) Run() error {
 		// Shown once, on the terminal, never through the logger.
 		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
 	}
-	ln, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	httpSrv := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	go retention(ctx, b.Store, c.HistoryRetention, log)
-	errc := make(chan error, 1)
+	front.Ready(b.Server.Handler())
 	scheme := "http"
 	if certs != nil {
 		scheme = "https"
-		httpSrv.TLSConfig = certs.TLSConfig()
-		go func() { errc <- httpSrv.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { errc <- httpSrv.Serve(ln) }()
 	}
 	log.Info("cheetah serving", "listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),
 		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
@@ -211,26 +225,14 @@ func newLog(level, format string, secrets ...string) (*slog.Logger, error) {
 	return slog.New(h), nil
 }
 
-// retention deletes finished commands older than keep, hourly.
-func retention(ctx context.Context, store *history.Store, keep time.Duration, log *slog.Logger) {
-	if keep <= 0 {
-		return
+// dbPassword is the database URL's password, if any, for the log to redact.
+func dbPassword(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return ""
 	}
-	t := time.NewTicker(time.Hour)
-	defer t.Stop()
-	for {
-		n, err := store.PurgeBefore(ctx, time.Now().Add(-keep))
-		if err != nil && ctx.Err() == nil {
-			log.Warn("history retention", "err", err)
-		} else if n > 0 {
-			log.Info("history retention removed commands", "count", n)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	pw, _ := p.User.Password()
+	return pw
 }
 
 // loopback reports whether addr listens on loopback only; such a broker
