@@ -90,7 +90,7 @@ func TestServeWaitsForDatabase(t *testing.T) {
 	create()
 	require.Eventually(t, func() bool { s, _ := code(t, base, "/readyz"); return s == 200 }, 60*time.Second, 50*time.Millisecond,
 		"ready once the database exists")
-	s, c = code(t, base, "/api/v1/users/usr_1/commands")
+	s, _ = code(t, base, "/api/v1/users/usr_1/commands")
 	require.Equal(t, 401, s, "the API answers (a key is required)")
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))

@@ -27,7 +27,7 @@ func TestEpochReservationNeverStallsTheRegistry(t *testing.T) {
 	e.connect("agent-1", cheetah.Console, nil, reps...)
 	ctx := context.Background()
 
-	gate, entered := make(chan struct{}, 0), make(chan struct{}, 4)
+	gate, entered := make(chan struct{}), make(chan struct{}, 4)
 	fs.mu.Lock()
 	fs.gate, fs.entered = gate, entered
 	fs.mu.Unlock()

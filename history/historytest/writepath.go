@@ -278,7 +278,7 @@ func testUnicodeAndLargeJSON(t *testing.T, ctx context.Context, s *history.Store
 		history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindEvent, Name: "console·log",
 			Data: json.RawMessage(`{"text":"नमस्ते दुनिया", "emoji":"👩‍👩‍👧‍👦"}`), At: msgAt}},
 		history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindResult, Data: json.RawMessage(big), At: msgAt}},
-		history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindError, Code: "érreur", Message: "😱 ‮rtl‬", At: msgAt}},
+		history.AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindError, Code: "érreur", Message: "😱 \u202ertl\u202c", At: msgAt}},
 		history.SetStatus{CommandID: rec.CommandID, Status: cheetah.StatusFailed, At: msgAt, Error: e},
 	))
 	got := get(t, ctx, s, rec)
@@ -291,7 +291,7 @@ func testUnicodeAndLargeJSON(t *testing.T, ctx context.Context, s *history.Store
 	want.Messages = []cheetah.Message{
 		{Seq: 1, Kind: cheetah.KindEvent, Name: "console·log", Data: json.RawMessage(`{"text":"नमस्ते दुनिया", "emoji":"👩‍👩‍👧‍👦"}`), At: micro(msgAt)},
 		{Seq: 2, Kind: cheetah.KindResult, Data: json.RawMessage(big), At: micro(msgAt)},
-		{Seq: 3, Kind: cheetah.KindError, Code: "érreur", Message: "😱 ‮rtl‬", At: micro(msgAt)},
+		{Seq: 3, Kind: cheetah.KindError, Code: "érreur", Message: "😱 \u202ertl\u202c", At: micro(msgAt)},
 	}
 	require.Equal(t, want, got)
 	require.True(t, string(got.Params) == big && string(got.Messages[1].Data) == big && string(got.Error.Data) == big)
