@@ -45,6 +45,27 @@ const (
 	MaxKeyNameLen = 128
 )
 
+// The broker's default settings, in one place: the registry and the server
+// fill their configurations with them, and cheetah serve's flags show them
+// as their defaults.
+const (
+	// DefaultTTL is a lease's TTL when the acquire names none.
+	DefaultTTL = 300 * time.Second
+	// DefaultReconnectGrace is how long a disconnected client's leases survive.
+	DefaultReconnectGrace = 30 * time.Second
+	// DefaultCommandTimeout applies when a send names no timeout.
+	DefaultCommandTimeout = 30 * time.Second
+	// DefaultMaxInFlightPerContext bounds a context's commands admitted and
+	// not yet ended.
+	DefaultMaxInFlightPerContext = 1024
+	// DefaultHeartbeat is how often the broker pings its clients.
+	DefaultHeartbeat = 20 * time.Second
+	// DefaultMaxPendingHellos bounds the connections not yet past hello.
+	DefaultMaxPendingHellos = 1024
+	// MinMaxMessageBytes is the smallest frame limit a broker may be given.
+	MinMaxMessageBytes = 1024
+)
+
 // Messages built from the limits, shared by every place that checks them.
 var (
 	MsgTTL       = fmt.Sprintf("ttl_s must be a whole number of seconds from %d to %d", int64(MinTTL/time.Second), int64(MaxTTL/time.Second))

@@ -93,13 +93,13 @@ func (c *Config) fill() {
 		c.Clock = clockwork.NewRealClock()
 	}
 	if c.Heartbeat == 0 {
-		c.Heartbeat = 20 * time.Second
+		c.Heartbeat = cheetah.DefaultHeartbeat
 	}
 	if c.HelloTimeout == 0 {
 		c.HelloTimeout = 10 * time.Second
 	}
 	if c.MaxPendingHellos == 0 {
-		c.MaxPendingHellos = 1024
+		c.MaxPendingHellos = cheetah.DefaultMaxPendingHellos
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = cheetah.DefaultMaxMessageBytes

@@ -59,6 +59,7 @@ func run(args []string) int {
 		kong.Description("Cheetah: a command broker for connected worker contexts."),
 		kong.UsageOnError(),
 		kong.DefaultEnvars("CHEETAH"),
+		defaults,
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cheetah:", err)
@@ -142,4 +143,16 @@ func writeJSONError(w io.Writer, exit int, err error) {
 	}
 	out.Error.Code, out.Error.Message, out.Error.Reason = code, msg, reason
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// defaults are the flags' defaults, taken from the broker's own so that
+// there is one source of truth for each.
+var defaults = kong.Vars{
+	"default_ttl":                cheetah.DefaultTTL.String(),
+	"default_reconnect_grace":    cheetah.DefaultReconnectGrace.String(),
+	"default_heartbeat":          cheetah.DefaultHeartbeat.String(),
+	"default_max_message_bytes":  strconv.Itoa(cheetah.DefaultMaxMessageBytes),
+	"default_max_body_bytes":     strconv.Itoa(cheetah.DefaultMaxBodyBytes),
+	"default_max_in_flight":      strconv.Itoa(cheetah.DefaultMaxInFlightPerContext),
+	"default_max_pending_hellos": strconv.Itoa(cheetah.DefaultMaxPendingHellos),
 }

@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 
+	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -23,17 +24,17 @@ type serveCmd struct {
 	Listen           string        `default:"127.0.0.1:8420" help:"Address to listen on."`
 	DatabaseURL      string        `name:"database-url" help:"postgres://… for PostgreSQL; empty for an embedded SQLite file in --data-dir."`
 	DataDir          string        `default:"./cheetah-data" help:"Folder of the embedded SQLite store."`
-	DefaultTTL       time.Duration `name:"default-ttl" default:"300s" help:"Lease TTL when an acquire names none (1s to 1h)."`
-	ReconnectGrace   time.Duration `default:"30s" help:"How long a disconnected client's leases survive."`
+	DefaultTTL       time.Duration `name:"default-ttl" default:"${default_ttl}" help:"Lease TTL when an acquire names none (1s to 1h)."`
+	ReconnectGrace   time.Duration `default:"${default_reconnect_grace}" help:"How long a disconnected client's leases survive."`
 	HistoryRetention time.Duration `default:"720h" help:"How long finished commands are kept; 0 keeps them forever."`
-	MaxMessageBytes  int           `default:"4194304" help:"Largest WebSocket frame, in bytes."`
-	Heartbeat        time.Duration `default:"20s" help:"How often the broker pings clients; three silent intervals close one."`
+	MaxMessageBytes  int           `default:"${default_max_message_bytes}" help:"Largest WebSocket frame, in bytes."`
+	Heartbeat        time.Duration `default:"${default_heartbeat}" help:"How often the broker pings clients; three silent intervals close one."`
 	ShutdownTimeout  time.Duration `default:"15s" help:"On SIGTERM or SIGINT, how long commands in flight may run on before they are marked interrupted."`
 	KeyRateLimit     float64       `name:"key-rate-limit" default:"0" help:"Requests per second per API key; 0 is unlimited."`
 	FrameRateLimit   float64       `name:"frame-rate-limit" default:"0" help:"Frames per second per client; 0 is unlimited (over it: close 4429)."`
-	MaxBodyBytes     int64         `name:"max-body-bytes" default:"1048576" help:"Largest HTTP request body, in bytes."`
-	MaxInFlight      int           `name:"max-in-flight-per-context" default:"1024" help:"Commands admitted and not yet ended per context; a send past it is overloaded (503)."`
-	MaxPendingHellos int           `name:"max-pending-hellos" default:"1024" help:"Client connections that have not said hello yet; past it an upgrade is refused (503 overloaded)."`
+	MaxBodyBytes     int64         `name:"max-body-bytes" default:"${default_max_body_bytes}" help:"Largest HTTP request body, in bytes."`
+	MaxInFlight      int           `name:"max-in-flight-per-context" default:"${default_max_in_flight}" help:"Commands admitted and not yet ended per context; a send past it is overloaded (503)."`
+	MaxPendingHellos int           `name:"max-pending-hellos" default:"${default_max_pending_hellos}" help:"Client connections that have not said hello yet; past it an upgrade is refused (503 overloaded)."`
 	AllowedOrigins   []string      `name:"allowed-origins" help:"Origins (chrome-extension://<id>) that may open the client WebSocket; empty allows any."`
 	WebhookPrivate   bool          `name:"webhook-allow-private" help:"Let webhook callbacks reach private and loopback addresses, and allow http:// callbacks."`
 	LogLevel         string        `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
@@ -56,8 +57,8 @@ func (c *serveCmd) Run() error {
 	if c.DefaultTTL < time.Second || c.DefaultTTL > time.Hour {
 		return fmt.Errorf("--default-ttl must be from 1s to 1h")
 	}
-	if c.MaxMessageBytes < 1024 {
-		return fmt.Errorf("--max-message-bytes must be at least 1024")
+	if c.MaxMessageBytes < cheetah.MinMaxMessageBytes {
+		return fmt.Errorf("--max-message-bytes must be at least %d", cheetah.MinMaxMessageBytes)
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("--shutdown-timeout must not be negative")

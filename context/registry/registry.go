@@ -111,10 +111,10 @@ func (c *Config) fill() {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
 	if c.DefaultTTL == 0 {
-		c.DefaultTTL = 300 * time.Second
+		c.DefaultTTL = cheetah.DefaultTTL
 	}
 	if c.ReconnectGrace == 0 {
-		c.ReconnectGrace = 30 * time.Second
+		c.ReconnectGrace = cheetah.DefaultReconnectGrace
 	}
 	if c.EndedMemory == 0 {
 		c.EndedMemory = 10 * time.Minute
@@ -126,13 +126,13 @@ func (c *Config) fill() {
 		c.EpochBlock = 1024
 	}
 	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = 4 << 20
+		c.MaxMessageBytes = cheetah.DefaultMaxMessageBytes
 	}
 	if c.MaxInFlightPerContext == 0 {
-		c.MaxInFlightPerContext = 1024
+		c.MaxInFlightPerContext = cheetah.DefaultMaxInFlightPerContext
 	}
 	if c.DefaultCommandTimeout == 0 {
-		c.DefaultCommandTimeout = 30 * time.Second
+		c.DefaultCommandTimeout = cheetah.DefaultCommandTimeout
 	}
 }
 
