@@ -14,6 +14,8 @@ import (
 // shows it.
 func TestExportedMethodsHaveDocs(t *testing.T) {
 	requireMethodDocs(t, ".", "Manager", "Handle", "History")
+	// The remote SDK's backend, client and errors.
+	requireMethodDocs(t, "remote", "backend", "Client", "StatusError", "RateLimitedError")
 }
 
 // requireMethodDocs checks the exported methods of the named types declared
