@@ -15,11 +15,16 @@ import (
 //
 // The store is never called under r.mu. The next block is reserved in the
 // background once half of the current one is issued, so that it is at hand
-// before the current one runs out; when it is not (the store does not
-// answer), an acquire fails at once with store_unavailable and starts
-// another reservation.
+// before the current one runs out. When it is not, an acquire waits for the
+// reservation under way outside the lock (ReserveEpochs) and fails with
+// store_unavailable only when that fails; a hand-over to a waiting acquire
+// fails at once. A block that ran out makes the next one twice as large, up
+// to maxEpochBlock, so that a burst of acquires soon finds its epochs at
+// hand however fast the store answers.
 type epochRange struct {
 	next, limit int64 // next to issue; limit is one past the last reserved
+	// size is how many epochs the next reservation asks for.
+	size int64
 	// refill is not nil while a reservation runs, and closed when it ends.
 	refill chan struct{}
 	// err is how the last reservation failed; nil after one succeeded.
@@ -29,34 +34,46 @@ type epochRange struct {
 // reserveTimeout bounds one reservation in the store.
 const reserveTimeout = 10 * time.Second
 
+// maxEpochBlock bounds how large a block of epochs grows. A restart
+// abandons what is left of its block: a million epochs out of 2^63.
+const maxEpochBlock = 1 << 20
+
 // errNoEpochs is why an epoch cannot be issued while a reservation runs.
 var errNoEpochs = errors.New("no epoch is reserved: the next block is being reserved")
 
 // reserveFirst reserves the registry's first block, before it runs.
 func (r *Registry) reserveFirst(ctx context.Context) error {
-	first, err := r.store.ReserveEpochs(ctx, r.cfg.EpochBlock)
+	r.epochs.size = r.cfg.EpochBlock
+	first, err := r.store.ReserveEpochs(ctx, r.epochs.size)
 	if err != nil {
 		return cheetah.StoreUnavailable("registry: reserve epochs", err)
 	}
 	r.mu.Lock()
-	r.installEpochs(first)
+	r.installEpochs(first, r.epochs.size)
 	r.mu.Unlock()
 	return nil
 }
 
-// installEpochs takes a newly reserved block; r.mu is held. A block reserved
-// later always lies above an earlier one, so the rest of the current block is
-// kept and the new one only extends the limit when it follows on.
-func (r *Registry) installEpochs(first int64) {
+// installEpochs takes a newly reserved block of n epochs; r.mu is held. A
+// block reserved later always lies above an earlier one, so the rest of the
+// current block is kept and the new one only extends the limit when it
+// follows on.
+func (r *Registry) installEpochs(first, n int64) {
 	e := &r.epochs
 	switch {
 	case first < e.limit:
 		// Below a block already in use: issuing from it would go backwards.
 	case first == e.limit:
-		e.limit = first + r.cfg.EpochBlock
+		e.limit = first + n
 	case e.next >= e.limit:
-		e.next, e.limit = first, first+r.cfg.EpochBlock
+		e.next, e.limit = first, first+n
 	}
+}
+
+// ranOut records that the block was found empty; r.mu is held. The next
+// reservation asks for twice as many.
+func (r *Registry) ranOut() {
+	r.epochs.size = min(2*r.epochs.size, max(maxEpochBlock, r.cfg.EpochBlock))
 }
 
 // nextEpoch issues an epoch; r.mu is held. It never calls the store: when
@@ -65,6 +82,7 @@ func (r *Registry) installEpochs(first int64) {
 func (r *Registry) nextEpoch() (int64, error) {
 	e := &r.epochs
 	if e.next >= e.limit {
+		r.ranOut()
 		r.refillEpochs()
 		why := e.err
 		if why == nil {
@@ -74,7 +92,7 @@ func (r *Registry) nextEpoch() (int64, error) {
 	}
 	n := e.next
 	e.next++
-	if e.limit-e.next <= r.cfg.EpochBlock/2 {
+	if e.limit-e.next <= e.size/2 {
 		r.refillEpochs()
 	}
 	return n, nil
@@ -90,18 +108,19 @@ func (r *Registry) refillEpochs() {
 	}
 	done := make(chan struct{})
 	e.refill = done
+	n := e.size
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		ctx, cancel := context.WithTimeout(r.bg, reserveTimeout)
-		first, err := r.store.ReserveEpochs(ctx, r.cfg.EpochBlock)
+		first, err := r.store.ReserveEpochs(ctx, n)
 		cancel()
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if err != nil {
 			r.log.Warn("reserve epochs", "err", err)
 		} else {
-			r.installEpochs(first)
+			r.installEpochs(first, n)
 		}
 		e.err = err
 		e.refill = nil

@@ -15,8 +15,8 @@ import (
 
 // While the store blocks in an epoch reservation, nothing else of the
 // registry waits for it: stats, renews and releases of other leases go on,
-// and an acquire that finds the block empty fails at once with
-// store_unavailable instead of calling the store under the lock.
+// and an acquire that finds the block empty waits for the reservation
+// outside the lock, then gets an epoch of the new block.
 func TestEpochReservationNeverStallsTheRegistry(t *testing.T) {
 	t.Parallel()
 	e, fs := setupFaulty(t)
@@ -84,14 +84,18 @@ func TestEpochReservationNeverStallsTheRegistry(t *testing.T) {
 			}
 		}()
 	}
+	acquired := make(chan cheetah.Lease, 4)
+	var acquirers sync.WaitGroup
 	for range 4 {
-		wg.Add(1)
+		acquirers.Add(1)
 		go func() {
-			defer wg.Done()
-			_, err := e.acquire("more")
-			if !errorsIsStoreUnavailable(err) {
-				errs <- fmt.Errorf("acquire with no epoch at hand: %v, want store_unavailable", err)
+			defer acquirers.Done()
+			l, err := e.acquire("more")
+			if err != nil {
+				errs <- fmt.Errorf("acquire with no epoch at hand: %v, want it to wait for the block", err)
+				return
 			}
+			acquired <- l
 		}()
 	}
 	finished := make(chan struct{})
@@ -101,25 +105,62 @@ func TestEpochReservationNeverStallsTheRegistry(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the registry waited for the blocked store")
 	}
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	require.Empty(t, acquired, "no acquire got an epoch while the store blocked")
 	s := e.reg.Stats()
 	require.Equal(t, 4, s.Leases, "the renewed leases remain, the released ones are gone")
 	fs.mu.Lock()
 	require.Equal(t, 2, fs.reserves, "the first block and one background reservation: none under the lock")
 	fs.mu.Unlock()
 
-	// Once the store answers, the reserved block is used.
+	// Once the store answers, the waiting acquires get epochs of the new
+	// block.
 	close(gate)
 	opened = true
-	require.NoError(t, e.reg.ReserveEpochs(ctx))
-	l := e.mustAcquire("after")
-	require.Equal(t, int64(9), l.Epoch)
+	acquirers.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	close(acquired)
+	for l := range acquired {
+		require.Greater(t, l.Epoch, int64(8))
+	}
 }
 
-func errorsIsStoreUnavailable(err error) bool {
-	code, _, _ := cheetah.Classify(err)
-	return code == cheetah.CodeStoreUnavailable
+// A block that runs out makes the next one larger, so that a burst of
+// acquires stops waiting for the store.
+func TestEpochBlockGrowsWhenItRunsOut(t *testing.T) {
+	t.Parallel()
+	e, fs := setupFaulty(t)
+	var reps []protocol.ContextReport
+	for i := range 64 {
+		reps = append(reps, worker(fmt.Sprintf("w%d", i)))
+	}
+	e.connect("agent-1", cheetah.Console, nil, reps...)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	seen := sync.Map{}
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := e.acquire("burst")
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, dup := seen.LoadOrStore(l.Epoch, true); dup {
+				errs <- fmt.Errorf("epoch %d issued twice", l.Epoch)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err, "a burst of acquires waits for epochs rather than failing")
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	// Blocks of 8, 16, 32, 64: without growth 64 epochs take 8 blocks.
+	require.Less(t, fs.reserves, 8, "reservations")
 }

@@ -87,7 +87,19 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	}
 	token := newToken()
 	r.mu.Lock()
-	if r.draining {
+	for r.epochs.next >= r.epochs.limit && !r.draining && !r.closed {
+		// The block ran out before the next one was at hand (a burst of
+		// acquires): wait for that reservation outside the lock, as a
+		// caller would rather than hear store_unavailable from a store
+		// that answers. It fails only when the reservation does.
+		r.ranOut()
+		r.mu.Unlock()
+		if err := r.ReserveEpochs(ctx); err != nil {
+			return cheetah.Lease{}, err
+		}
+		r.mu.Lock()
+	}
+	if r.draining || r.closed {
 		r.mu.Unlock()
 		return cheetah.Lease{}, errShuttingDown
 	}

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,41 +18,49 @@ import (
 func TestFailedHandOverKeepsContextIdle(t *testing.T) {
 	t.Parallel()
 	e, fs := setupFaulty(t)
-	e.connect("agent-1", cheetah.Console, nil, worker("w1"))
+	e.connect("agent-1", cheetah.Console, nil, worker("w1"), worker("w2"))
 	ctx := context.Background()
 	fs.setFail(true)
-	// Use up the block of 8 epochs reserved at start; its refills fail.
-	var l cheetah.Lease
-	for i := range 8 {
-		var err error
-		l, err = e.acquire("t")
+	// Use up 7 of the block of 8 epochs reserved at start (its refills
+	// fail), leaving both contexts leased and one epoch at hand.
+	for i := range 5 {
+		l, err := e.acquire("t")
 		require.NoError(t, err, "epoch %d", i+1)
-		if i < 7 {
-			_, err = e.reg.Release(ctx, l)
-			require.NoError(t, err)
-		}
+		_, err = e.reg.Release(ctx, l)
+		require.NoError(t, err)
 	}
-	// l holds w1; an acquire waits for it.
-	got := make(chan error, 1)
-	go func() {
-		_, err := e.acquire("waiting", func(r *cheetah.AcquireRequest) { r.Wait = 30 * time.Second })
+	la, lb := e.mustAcquire("a"), e.mustAcquire("b")
+	// Two acquires wait; the first hand-over takes the last epoch, the
+	// second finds none.
+	got := make(chan error, 2)
+	waitFor := func(task string) {
+		l, err := e.acquire(task, func(r *cheetah.AcquireRequest) { r.Wait = 30 * time.Second })
+		if err == nil && l.Epoch != 8 {
+			err = fmt.Errorf("epoch %d, want 8", l.Epoch)
+		}
 		got <- err
-	}()
+	}
+	go waitFor("waiting-1")
 	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	require.NoError(t, e.clock.BlockUntilContext(bctx, 2), "the expiry loop's timer and the waiter's")
-	ok, err := e.reg.Release(ctx, l)
+	require.NoError(t, e.clock.BlockUntilContext(bctx, 2), "the expiry loop's timer and the first waiter's")
+	go waitFor("waiting-2")
+	require.NoError(t, e.clock.BlockUntilContext(bctx, 3), "and the second waiter's")
+	ok, err := e.reg.Release(ctx, la)
 	require.NoError(t, err)
 	require.True(t, ok)
-	err = <-got
-	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "the waiter is told why")
+	require.NoError(t, <-got, "the first waiter gets the last epoch")
+	ok, err = e.reg.Release(ctx, lb)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.ErrorIs(t, <-got, cheetah.ErrStoreUnavailable, "the second waiter is told why")
 
 	fs.setFail(false)
 	require.NoError(t, e.reg.ReserveEpochs(ctx))
 	avail, err := e.reg.ListAvailable(ctx, user, cheetah.Console)
 	require.NoError(t, err)
 	require.Len(t, avail, 1, "the context is idle again, not stranded")
-	require.Equal(t, "w1", avail[0].ContextID)
-	l = e.mustAcquire("after")
-	require.Equal(t, "w1", l.ContextID)
+	require.Equal(t, lb.ContextID, avail[0].ContextID)
+	l := e.mustAcquire("after")
+	require.Equal(t, lb.ContextID, l.ContextID)
 }
