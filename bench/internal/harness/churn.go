@@ -26,6 +26,12 @@ const (
 	peerRegistryAlone  = "Cheetah registry alone (in process, stub clients, PostgreSQL store)"
 )
 
+// peerCheetahInProcMany is the row of Cheetah in process with many
+// contexts per client.
+func peerCheetahInProcMany(perClient int) string {
+	return fmt.Sprintf("Cheetah in process (PostgreSQL store), %d contexts per client", perClient)
+}
+
 // churn is scenario 3: acquire and release, as fast as the acquirers go.
 func (e *env) churn() *report.Scenario {
 	c := e.cfg
@@ -38,13 +44,23 @@ func (e *env) churn() *report.Scenario {
 			"the registry-alone row has the same contexts on stub clients that drop every frame, so it is the acquire/release path without any WebSocket.",
 			report.Count(c.ChurnContexts, "context"), report.Count(c.ChurnAcquirers, "concurrent acquirer"), c.ChurnDuration, c.ChurnWarmup, report.Count(c.Repeats, "run"), c.ChurnPerClient),
 		Columns: append(loadColumns("pairs"),
-			report.Column{Key: "dropped", Label: fmt.Sprintf("agents dropped (of %d)", (c.ChurnContexts+c.ChurnPerClient-1)/c.ChurnPerClient), Unit: "", Better: report.Lower}),
+			report.Column{Key: "per_client", Label: "contexts per client", Unit: "", Better: report.Higher},
+			report.Column{Key: "agents", Label: "agents", Unit: "", Better: report.Higher},
+			report.Column{Key: "dropped", Label: "agents dropped", Unit: "", Better: report.Lower}),
 	}
 	s.Rows = append(s.Rows,
 		e.row(s.Key, peerRedis, false, e.redisChurn),
 		e.row(s.Key, peerPGSkipLocked, false, e.pgChurn),
-		e.row(s.Key, peerCheetahInProc, true, e.cheetahChurn(false)),
-		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true)),
+		e.row(s.Key, peerCheetahInProc, true, e.cheetahChurn(false, c.ChurnPerClient)),
+	)
+	if c.churnMany() {
+		_, flows := agentsFor(c.ChurnContexts, c.ChurnPerClientMany)
+		s.Detail += fmt.Sprintf(" The row with %d contexts per client is the in-process row again with fewer agents holding more contexts each: "+
+			"an agent dropped there is one whose connection did not keep up with its many contexts' assignment frames.", flows)
+		s.Rows = append(s.Rows, e.row(s.Key, peerCheetahInProcMany(flows), true, e.cheetahChurn(false, c.ChurnPerClientMany)))
+	}
+	s.Rows = append(s.Rows,
+		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)),
 		e.row(s.Key, peerRegistryAlone, true, e.registryChurn),
 	)
 	return s
@@ -182,7 +198,7 @@ func agentsFor(n, per int) (agents, flows int) {
 	return agents, flows
 }
 
-func (e *env) cheetahChurn(overHTTP bool) runner {
+func (e *env) cheetahChurn(overHTTP bool, perClient int) runner {
 	return func() (func(*trial) (map[string]float64, error), func(), error) {
 		b, cleanup, err := e.startBroker(broker.Postgres)
 		if err != nil {
@@ -191,7 +207,7 @@ func (e *env) cheetahChurn(overHTTP bool) runner {
 		c := e.cfg
 		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 		defer cancel()
-		agents, flows := agentsFor(c.ChurnContexts, c.ChurnPerClient)
+		agents, flows := agentsFor(c.ChurnContexts, perClient)
 		if err := b.AddAgents(ctx, "churn", agents, flows); err != nil {
 			return nil, cleanup, err
 		}
@@ -211,6 +227,7 @@ func (e *env) cheetahChurn(overHTTP bool) runner {
 			}
 			if out != nil {
 				out["dropped"] = float64(d) // counted since setup: agents do not come back to the same session
+				out["agents"], out["per_client"] = float64(n), float64(flows)
 			}
 			return out, err
 		}, cleanup, nil

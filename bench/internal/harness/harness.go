@@ -87,7 +87,8 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*report.Report, error)
 		rep.Scenarios = append(rep.Scenarios, sc)
 		e.logf("scenario %d: done in %s", s.number, time.Since(start).Round(time.Millisecond))
 	}
-	rep.Targets = targets(rep)
+	rep.Goals = rep.CheckGoals(goals(cfg))
+	rep.Footnotes = footnotes()
 	rep.Seconds = time.Since(rep.StartedAt).Seconds()
 	return rep, ctx.Err()
 }
@@ -199,12 +200,35 @@ type trial struct {
 	ctx     context.Context
 	i       int
 	profile string // where this trial's profiles go; empty for none
+
+	// cpu is the CPU time of this whole process over the measured phase,
+	// once it has ended; ops is how many operations a closed loop completed
+	// in it.
+	cpu time.Duration
+	ops int64
 }
 
-// measuring starts the measured phase: with profiling on, a CPU profile
-// runs until the returned function is called, which then also writes a heap
-// profile.
+// measuring starts the measured phase; the returned function ends it. It
+// takes the process's CPU time over the phase, and with profiling on, a CPU
+// profile runs until the end, which then also writes a heap profile.
 func (t *trial) measuring() (stop func()) {
+	stopProfile := t.profiling()
+	cpu0 := machine.CPUTime()
+	return func() {
+		t.cpu = machine.CPUTime() - cpu0
+		stopProfile()
+	}
+}
+
+// cpuPerOp is the CPU time of the measured phase per operation, in µs.
+func (t *trial) cpuPerOp(ops int64) (float64, bool) {
+	if t.cpu <= 0 || ops <= 0 {
+		return 0, false
+	}
+	return stats.Micros(t.cpu) / float64(ops), true
+}
+
+func (t *trial) profiling() (stop func()) {
 	if t.profile == "" {
 		return func() {}
 	}

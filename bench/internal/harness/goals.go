@@ -1,0 +1,83 @@
+package harness
+
+import (
+	"fmt"
+
+	"github.com/cheetahbroker/cheetah/bench/internal/report"
+)
+
+// goals are the goals of the issue "the durable command path at the speed
+// of the disk", each a ratio to a reference measured in the same run, or an
+// absolute bound. They are read, never asserted.
+func goals(c Config) []report.Goal {
+	at := func(scenario, peer, column string) []report.Term {
+		return []report.Term{{Scenario: scenario, Peer: peer, Column: column}}
+	}
+	_, fewFlows := agentsFor(c.ChurnContexts, c.ChurnPerClient)
+	plus := func(a, b []report.Term) []report.Term { return append(append([]report.Term(nil), a...), b...) }
+	gs := []report.Goal{
+		{Scenario: 1, Figure: "round trip p50, Cheetah on PostgreSQL",
+			Reference: "raw echo p50 + one PostgreSQL commit p50 (the durability floor row)",
+			Of:        at("latency", peerCheetahPG, "p50"),
+			Per:       plus(at("latency", peerEcho, "p50"), at("latency", peerPGCommit, "p50")),
+			Goal:      1.5, AtMost: true},
+		{Scenario: 1, Figure: "round trip p50, Cheetah on SQLite",
+			Reference: "raw echo p50 + one SQLite commit p50 (the durability floor row)",
+			Of:        at("latency", peerCheetahSQL, "p50"),
+			Per:       plus(at("latency", peerEcho, "p50"), at("latency", peerSQLiteCommit, "p50")),
+			Goal:      1.5, AtMost: true},
+		{Scenario: 2, Figure: fmt.Sprintf("commands/s, %d contexts, Cheetah on PostgreSQL", c.ThroughputContexts),
+			Reference: "NATS request-reply (queue group), commands/s",
+			Of:        at("throughput", peerCheetahPG, "rate"),
+			Per:       at("throughput", peerNATSQueue, "rate"),
+			Goal:      0.25},
+		{Scenario: 2, Figure: fmt.Sprintf("commands/s, %d contexts, Cheetah on SQLite", c.ThroughputContexts),
+			Reference: "NATS request-reply (queue group), commands/s",
+			Of:        at("throughput", peerCheetahSQL, "rate"),
+			Per:       at("throughput", peerNATSQueue, "rate"),
+			Goal:      0.25},
+		{Scenario: 4, Figure: "history ingest, lifecycle (insert + statuses + messages), PostgreSQL, commands/s",
+			Reference: "pgx CopyFrom of the same rows, commands/s",
+			Of:        at("ingest", peerHistoryPostgres, "lifecycle"),
+			Per:       at("ingest", peerCopyFrom, "lifecycle"),
+			Goal:      0.3},
+		{Scenario: 3, Figure: "acquire+release pairs/s, in process, real agents",
+			Reference: "Redis SET NX PX + DEL, pairs/s",
+			Of:        at("churn", peerCheetahInProc, "rate"),
+			Per:       at("churn", peerRedis, "rate"),
+			Goal:      3},
+		{Scenario: 3, Figure: "acquire+release pairs/s, registry alone",
+			Reference: "Redis SET NX PX + DEL, pairs/s",
+			Of:        at("churn", peerRegistryAlone, "rate"),
+			Per:       at("churn", peerRedis, "rate"),
+			Goal:      20},
+		{Scenario: 3, Figure: fmt.Sprintf("in-process churn p99 (real agents, %d contexts per client)", fewFlows),
+			Of:   at("churn", peerCheetahInProc, "p99"),
+			Unit: "µs", Goal: 1000, AtMost: true},
+		{Scenario: 3, Figure: fmt.Sprintf("agents dropped under churn, in process, %d contexts per client", fewFlows),
+			Of:   at("churn", peerCheetahInProc, "dropped"),
+			Unit: "agents", Goal: 0, AtMost: true},
+	}
+	if c.churnMany() {
+		_, flows := agentsFor(c.ChurnContexts, c.ChurnPerClientMany)
+		gs = append(gs, report.Goal{Scenario: 3, Figure: fmt.Sprintf("agents dropped under churn, in process, %d contexts per client", flows),
+			Of:   at("churn", peerCheetahInProcMany(flows), "dropped"),
+			Unit: "agents", Goal: 0, AtMost: true})
+	}
+	return append(gs, report.Goal{Scenario: 5, Figure: "RSS per idle connection, Cheetah broker",
+		Reference: "raw coder/websocket server, RSS per idle connection",
+		Of:        at("connections", peerCheetahBroker, "rss"),
+		Per:       at("connections", peerEchoServer, "rss"),
+		Goal:      1.15, AtMost: true})
+}
+
+// footnotes say how the figures that are not plain medians were taken.
+func footnotes() []string {
+	return []string{
+		"CPU per command (scenarios 1 and 2) is this process's user + system time (getrusage RUSAGE_SELF) over the measured phase divided by the commands completed in it. " +
+			"Cheetah runs in the harness's process, and so do its agents (they answer over real WebSockets, but in this process) and the callers' SDK: the figure counts all three, not the PostgreSQL server's CPU. " +
+			"The peers' own workers run in this process too (the NATS responders, the echo server), which is why the column is given for Cheetah's rows only.",
+		"Store commits per round trip (scenario 1) and ops per commit (scenarios 2 and 4) are the history store's own counters; they span the warm-up too.",
+		"A ratio is absent when either side is: a peer that did not answer, a run that failed or a scenario not run gives no figure, and nothing is estimated.",
+	}
+}
