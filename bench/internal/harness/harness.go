@@ -195,6 +195,16 @@ func (a absentError) Unwrap() error { return a.err }
 
 func absent(err error) error { return absentError{err} }
 
+// partialError is a run that failed but still took some figures, which the
+// row shows with the failure as its note.
+type partialError struct {
+	figures map[string]float64
+	err     error
+}
+
+func (p partialError) Error() string { return p.err.Error() }
+func (p partialError) Unwrap() error { return p.err }
+
 // trial is one repeat of one peer.
 type trial struct {
 	ctx     context.Context
@@ -290,6 +300,18 @@ func (e *env) row(sc, peer string, profile bool, setup runner) *report.Row {
 		}
 		got, err := run(t)
 		cancel()
+		var part partialError
+		if errors.As(err, &part) {
+			// A failed run that still measured something worth reading
+			// (agents dropped): that run's figures alone, and why it failed.
+			row.Note = fmt.Sprintf("failed in run %d: %v; the figures are that run's that could be taken", i+1, part.err)
+			e.logf("  %s: %s", peer, row.Note)
+			row.Values = map[string]stats.Summary{}
+			for k, v := range part.figures {
+				row.Values[k] = stats.Summarize([]float64{v})
+			}
+			return row
+		}
 		if err != nil {
 			row.Failed, row.Reason = true, fmt.Sprintf("failed in run %d: %v", i+1, err)
 			e.logf("  %s: %s", peer, row.Reason)

@@ -124,7 +124,11 @@ func (r *Report) sum(terms []Term) (total float64, unit, why string) {
 		}
 		v, ok := s.Median(tm.Peer, tm.Column)
 		if !ok {
-			return 0, "", tm.Peer + " has no " + s.columnLabel(tm.Column)
+			why = tm.Peer + " has no " + s.columnLabel(tm.Column)
+			if row.Note != "" {
+				why += " (see its note)"
+			}
+			return 0, "", why
 		}
 		if i == 0 {
 			unit = s.columnUnit(tm.Column)
@@ -165,7 +169,10 @@ func (s *Scenario) columnUnit(key string) string {
 // GoalText is a goal as the table shows it: "≤ 1.5×", "≥ 0.25×", "≤ 1,000 µs".
 func (t Target) GoalText() string {
 	op := "≥ "
-	if t.AtMost {
+	switch {
+	case t.AtMost && t.Goal == 0:
+		op = "= " // nothing may be below 0: a count that must stay 0
+	case t.AtMost:
 		op = "≤ "
 	}
 	return op + withUnit(exact(t.Goal), t.Unit)

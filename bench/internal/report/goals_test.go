@@ -52,10 +52,10 @@ func TestGoalRatiosAndVerdicts(t *testing.T) {
 		why     string // part of the reason, when absent
 	}{
 		{name: "sum reference, met",
-			goal: Goal{Of: []Term{at("latency", "cheetah pg", "p50")}, Per: []Term{at("latency", "echo", "p50"), at("latency", "pg commit", "p50")}, Goal: 1.5, AtMost: true},
+			goal:    Goal{Of: []Term{at("latency", "cheetah pg", "p50")}, Per: []Term{at("latency", "echo", "p50"), at("latency", "pg commit", "p50")}, Goal: 1.5, AtMost: true},
 			verdict: Met, ratio: 1.4, unit: "×"},
 		{name: "sum reference, not met",
-			goal: Goal{Of: []Term{at("latency", "cheetah sqlite", "p50")}, Per: []Term{at("latency", "echo", "p50"), at("latency", "sqlite commit", "p50")}, Goal: 1.5, AtMost: true},
+			goal:    Goal{Of: []Term{at("latency", "cheetah sqlite", "p50")}, Per: []Term{at("latency", "echo", "p50"), at("latency", "sqlite commit", "p50")}, Goal: 1.5, AtMost: true},
 			verdict: NotMet, ratio: 700.0 / 420, unit: "×"},
 		{name: "at least, met",
 			goal:    Goal{Of: []Term{at("churn", "in process", "rate")}, Per: []Term{at("churn", "redis", "rate")}, Goal: 2.5},
@@ -130,7 +130,7 @@ func TestGoalsMarkdown(t *testing.T) {
 	out := buf.String()
 	for _, want := range []string{
 		"| 1 | round trip p50, PostgreSQL | raw echo p50 + one PostgreSQL commit p50 | 1.40× (1,400 µs ÷ 1,000 µs) | ≤ 1.5× | met |",
-		"| 3 | agents dropped | — (absolute) | 2 agents | ≤ 0 agents | not met |",
+		"| 3 | agents dropped | — (absolute) | 2 agents | = 0 agents | not met |",
 		"| 1 | vs NATS | NATS | absent (nats absent) | ≥ 0.25× | absent |",
 		"| 3 | p99 | — (absolute) | 1,000 µs | ≤ 1,000 µs | met |",
 		"1. a footnote",

@@ -206,13 +206,15 @@ func Cell(v stats.Summary) string {
 }
 
 // Num formats a figure with three significant digits and thousands
-// separators: 12,300 or 45.6 or 0.123.
+// separators: 12,300 or 45.6 or 0.123; a whole number as one: 16.
 func Num(v float64) string {
 	switch a := math.Abs(v); {
 	case math.IsNaN(v):
 		return "–"
 	case a >= 1000:
 		return group(strconv.FormatFloat(math.Round(v), 'f', 0, 64))
+	case v == math.Trunc(v):
+		return strconv.FormatFloat(v, 'f', 0, 64) // a count: 16, not 16.0
 	case a >= 100:
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	case a >= 10:
