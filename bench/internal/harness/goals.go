@@ -71,6 +71,29 @@ func goals(c Config) []report.Goal {
 		Goal:      1.15, AtMost: true})
 }
 
+// readings are Cheetah's costs per command, shown with the goals: CPU per
+// command in scenarios 1 and 2, store commits per round trip in scenario 1,
+// store ops per commit in scenario 2.
+func readings(rep *report.Report) []report.Reading {
+	var out []report.Reading
+	read := func(n int, figure, scenario, peer, column string) {
+		out = append(out, rep.Read(n, figure, report.Term{Scenario: scenario, Peer: peer, Column: column}))
+	}
+	for _, p := range []string{peerCheetahSQL, peerCheetahPG, peerCheetahPGAPI} {
+		read(1, "CPU per command, round trip, "+p, "latency", p, "cpu_us")
+	}
+	for _, p := range []string{peerCheetahSQL, peerCheetahPG} {
+		read(2, "CPU per command, throughput, "+p, "throughput", p, "cpu_us")
+	}
+	for _, p := range []string{peerCheetahSQL, peerCheetahPG, peerCheetahPGAPI} {
+		read(1, "store commits per round trip, "+p, "latency", p, "commits")
+	}
+	for _, p := range []string{peerCheetahSQL, peerCheetahPG} {
+		read(2, "store ops per commit, throughput, "+p, "throughput", p, "ops_per_commit")
+	}
+	return out
+}
+
 // footnotes say how the figures that are not plain medians were taken.
 func footnotes() []string {
 	return []string{

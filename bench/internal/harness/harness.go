@@ -88,6 +88,7 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*report.Report, error)
 		e.logf("scenario %d: done in %s", s.number, time.Since(start).Round(time.Millisecond))
 	}
 	rep.Goals = rep.CheckGoals(goals(cfg))
+	rep.Readings = readings(rep)
 	rep.Footnotes = footnotes()
 	rep.Seconds = time.Since(rep.StartedAt).Seconds()
 	return rep, ctx.Err()

@@ -83,6 +83,11 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("goal %q: %+v", g.Figure, g)
 		}
 	}
+	for _, rd := range rep.Readings {
+		if rd.Term.Peer == peerCheetahSQL && rd.Term.Scenario == "latency" && (rd.Absent || rd.Value <= 0) {
+			t.Errorf("reading %q: %+v", rd.Figure, rd)
+		}
+	}
 	var md bytes.Buffer
 	rep.Markdown(&md)
 	for _, s := range []string{"| peer | version |", "### 1. Round-trip latency", "| " + peerEcho + " | ", "### Goals", "| round trip p50, Cheetah on SQLite |"} {

@@ -166,6 +166,26 @@ func (s *Scenario) columnUnit(key string) string {
 	return ""
 }
 
+// Reading is a figure shown with the goals that has no goal of its own: a
+// cost of Cheetah's per command, say.
+type Reading struct {
+	Scenario int     `json:"scenario"`
+	Figure   string  `json:"figure"`
+	Term     Term    `json:"term"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit,omitempty"`
+	Absent   bool    `json:"absent,omitempty"`
+	Why      string  `json:"why,omitempty"`
+}
+
+// Read takes the reading's median from the report.
+func (r *Report) Read(scenario int, figure string, t Term) Reading {
+	rd := Reading{Scenario: scenario, Figure: figure, Term: t}
+	rd.Value, rd.Unit, rd.Why = r.sum([]Term{t})
+	rd.Absent = rd.Why != ""
+	return rd
+}
+
 // GoalText is a goal as the table shows it: "≤ 1.5×", "≥ 0.25×", "≤ 1,000 µs".
 func (t Target) GoalText() string {
 	op := "≥ "
@@ -226,6 +246,17 @@ func (r *Report) goalsMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s |\n", t.Scenario, t.Figure, ref, t.MeasuredText(), t.GoalText(), t.Verdict)
 	}
 	fmt.Fprintln(w)
+	if len(r.Readings) > 0 {
+		fmt.Fprintf(w, "Cheetah per command, from the same run (no goal; see the notes):\n\n| # | figure | measured |\n|---|---|---|\n")
+		for _, rd := range r.Readings {
+			m := withUnit(Num(rd.Value), rd.Unit)
+			if rd.Absent {
+				m = "absent (" + rd.Why + ")"
+			}
+			fmt.Fprintf(w, "| %d | %s | %s |\n", rd.Scenario, rd.Figure, m)
+		}
+		fmt.Fprintln(w)
+	}
 	for i, f := range r.Footnotes {
 		fmt.Fprintf(w, "%d. %s\n", i+1, f)
 	}

@@ -124,6 +124,7 @@ func TestGoalsMarkdown(t *testing.T) {
 		{Scenario: 1, Figure: "vs NATS", Reference: "NATS", Of: at("latency", "cheetah pg", "p50"), Per: at("latency", "nats", "p50"), Goal: 0.25},
 		{Scenario: 3, Figure: "p99", Of: at("churn", "in process", "p99"), Unit: "µs", Goal: 1000, AtMost: true},
 	})
+	r.Readings = []Reading{r.Read(1, "p50 of Cheetah on PostgreSQL", Term{"latency", "cheetah pg", "p50"}), r.Read(1, "p50 over HTTP", Term{"latency", "cheetah http", "p50"})}
 	r.Footnotes = []string{"a footnote"}
 	var buf bytes.Buffer
 	r.goalsMarkdown(&buf)
@@ -133,6 +134,8 @@ func TestGoalsMarkdown(t *testing.T) {
 		"| 3 | agents dropped | — (absolute) | 2 agents | = 0 agents | not met |",
 		"| 1 | vs NATS | NATS | absent (nats absent) | ≥ 0.25× | absent |",
 		"| 3 | p99 | — (absolute) | 1,000 µs | ≤ 1,000 µs | met |",
+		"| 1 | p50 of Cheetah on PostgreSQL | 1,400 µs |",
+		"| 1 | p50 over HTTP | absent (cheetah http failed) |",
 		"1. a footnote",
 	} {
 		if !strings.Contains(out, want) {

@@ -27,6 +27,8 @@ type Report struct {
 	Versions  []Version    `json:"versions"`
 	Scenarios []*Scenario  `json:"scenarios"`
 	Goals     []Target     `json:"goals"`
+	// Readings are figures shown with the goals without one of their own.
+	Readings []Reading `json:"readings,omitempty"`
 	// Footnotes are printed under the goals: how figures that span peers
 	// were taken.
 	Footnotes []string `json:"footnotes,omitempty"`
