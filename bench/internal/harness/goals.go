@@ -56,13 +56,13 @@ func goals(c Config) []report.Goal {
 			Unit: "µs", Goal: 1000, AtMost: true},
 		{Scenario: 3, Figure: fmt.Sprintf("agents dropped under churn, in process, %d contexts per client", fewFlows),
 			Of:   at("churn", peerCheetahInProc, "dropped"),
-			Unit: "agents", Goal: 0, AtMost: true},
+			Goal: 0, AtMost: true},
 	}
 	if c.churnMany() {
 		_, flows := agentsFor(c.ChurnContexts, c.ChurnPerClientMany)
 		gs = append(gs, report.Goal{Scenario: 3, Figure: fmt.Sprintf("agents dropped under churn, in process, %d contexts per client", flows),
 			Of:   at("churn", peerCheetahInProcMany(flows), "dropped"),
-			Unit: "agents", Goal: 0, AtMost: true})
+			Goal: 0, AtMost: true})
 	}
 	return append(gs, report.Goal{Scenario: 5, Figure: "RSS per idle connection, Cheetah broker",
 		Reference: "raw coder/websocket server, RSS per idle connection",
