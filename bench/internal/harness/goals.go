@@ -98,7 +98,7 @@ func readings(rep *report.Report) []report.Reading {
 func footnotes() []string {
 	return []string{
 		"CPU per command (scenarios 1 and 2) is this process's user + system time (getrusage RUSAGE_SELF) over the measured phase divided by the commands completed in it. " +
-			"Cheetah runs in the harness's process, and so do its agents (they answer over real WebSockets, but in this process) and the callers' SDK: the figure counts all three, not the PostgreSQL server's CPU. " +
+			"Cheetah runs in the harness's process, and so do its agents (they answer over real WebSockets, but in this process) and the callers' SDK: the figure counts all three, and the kernel's work for this process (system time: SQLite's writes and fsyncs happen in it), not the PostgreSQL server's CPU. " +
 			"The peers' own workers run in this process too (the NATS responders, the echo server), which is why the column is given for Cheetah's rows only.",
 		"Store commits per round trip (scenario 1) and ops per commit (scenarios 2 and 4) are the history store's own counters; they span the warm-up too.",
 		"A ratio is absent when either side is: a peer that did not answer, a run that failed or a scenario not run gives no figure, and nothing is estimated.",
