@@ -62,6 +62,7 @@ func run() int {
 	fs.IntVar(&cfg.ChurnContexts, "churn-contexts", cfg.ChurnContexts, "3: contexts")
 	fs.IntVar(&cfg.ChurnAcquirers, "churn-acquirers", cfg.ChurnAcquirers, "3: concurrent acquirers")
 	fs.IntVar(&cfg.ChurnPerClient, "churn-per-client", cfg.ChurnPerClient, "3: contexts per client (1-256)")
+	fs.IntVar(&cfg.ChurnPerClientMany, "churn-per-client-many", cfg.ChurnPerClientMany, "3: contexts per client of the extra in-process row for agents dropped under churn (0: no such row)")
 	fs.DurationVar(&cfg.ChurnDuration, "churn-duration", cfg.ChurnDuration, "3: measured time per run")
 	fs.DurationVar(&cfg.ChurnWarmup, "churn-warmup", cfg.ChurnWarmup, "3: warm-up per run")
 	fs.IntVar(&cfg.IngestCommands, "ingest-commands", cfg.IngestCommands, "4: measured commands per run")

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,12 @@ const (
 	peerRegistryAlone  = "Cheetah registry alone (in process, stub clients, PostgreSQL store)"
 )
 
+// peerCheetahInProcMany is the row of Cheetah in process with many
+// contexts per client.
+func peerCheetahInProcMany(perClient int) string {
+	return fmt.Sprintf("Cheetah in process (PostgreSQL store), %d contexts per client", perClient)
+}
+
 // churn is scenario 3: acquire and release, as fast as the acquirers go.
 func (e *env) churn() *report.Scenario {
 	c := e.cfg
@@ -38,13 +45,24 @@ func (e *env) churn() *report.Scenario {
 			"the registry-alone row has the same contexts on stub clients that drop every frame, so it is the acquire/release path without any WebSocket.",
 			report.Count(c.ChurnContexts, "context"), report.Count(c.ChurnAcquirers, "concurrent acquirer"), c.ChurnDuration, c.ChurnWarmup, report.Count(c.Repeats, "run"), c.ChurnPerClient),
 		Columns: append(loadColumns("pairs"),
-			report.Column{Key: "dropped", Label: fmt.Sprintf("agents dropped (of %d)", (c.ChurnContexts+c.ChurnPerClient-1)/c.ChurnPerClient), Unit: "", Better: report.Lower}),
+			report.Column{Key: "per_client", Label: "contexts per client", Unit: "", Better: report.Higher},
+			report.Column{Key: "agents", Label: "agents", Unit: "", Better: report.Higher},
+			report.Column{Key: "dropped", Label: "agents dropped", Unit: "", Better: report.Lower},
+			report.Column{Key: "refused", Label: "acquires refused, store_unavailable, retried (warm-up included)", Unit: "", Better: report.Lower}),
 	}
 	s.Rows = append(s.Rows,
 		e.row(s.Key, peerRedis, false, e.redisChurn),
 		e.row(s.Key, peerPGSkipLocked, false, e.pgChurn),
-		e.row(s.Key, peerCheetahInProc, true, e.cheetahChurn(false)),
-		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true)),
+		e.row(s.Key, peerCheetahInProc, true, e.cheetahChurn(false, c.ChurnPerClient)),
+	)
+	if c.churnMany() {
+		_, flows := agentsFor(c.ChurnContexts, c.ChurnPerClientMany)
+		s.Detail += fmt.Sprintf(" The row with %d contexts per client is the in-process row again with fewer agents holding more contexts each: "+
+			"an agent dropped there is one whose connection did not keep up with its many contexts' assignment frames.", flows)
+		s.Rows = append(s.Rows, e.row(s.Key, peerCheetahInProcMany(flows), true, e.cheetahChurn(false, c.ChurnPerClientMany)))
+	}
+	s.Rows = append(s.Rows,
+		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)),
 		e.row(s.Key, peerRegistryAlone, true, e.registryChurn),
 	)
 	return s
@@ -182,7 +200,7 @@ func agentsFor(n, per int) (agents, flows int) {
 	return agents, flows
 }
 
-func (e *env) cheetahChurn(overHTTP bool) runner {
+func (e *env) cheetahChurn(overHTTP bool, perClient int) runner {
 	return func() (func(*trial) (map[string]float64, error), func(), error) {
 		b, cleanup, err := e.startBroker(broker.Postgres)
 		if err != nil {
@@ -191,7 +209,7 @@ func (e *env) cheetahChurn(overHTTP bool) runner {
 		c := e.cfg
 		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 		defer cancel()
-		agents, flows := agentsFor(c.ChurnContexts, c.ChurnPerClient)
+		agents, flows := agentsFor(c.ChurnContexts, perClient)
 		if err := b.AddAgents(ctx, "churn", agents, flows); err != nil {
 			return nil, cleanup, err
 		}
@@ -207,10 +225,13 @@ func (e *env) cheetahChurn(overHTTP bool) runner {
 			out, err := churn(t)
 			d, n := b.Dropped()
 			if err != nil && d > 0 {
+				// The drops are the finding: kept, with the failure.
 				err = fmt.Errorf("%w; %d of %d agents had lost their connection (CHEETAH_BENCH_BROKER_LOG=warn shows why)", err, d, n)
+				return nil, partialError{figures: map[string]float64{"dropped": float64(d), "agents": float64(n), "per_client": float64(flows)}, err: err}
 			}
 			if out != nil {
 				out["dropped"] = float64(d) // counted since setup: agents do not come back to the same session
+				out["agents"], out["per_client"] = float64(n), float64(flows)
 			}
 			return out, err
 		}, cleanup, nil
@@ -234,14 +255,25 @@ func (e *env) registryChurn() (func(*trial) (map[string]float64, error), func(),
 	return e.managerChurn(r.Manager()), func() { r.Close(); drop() }, nil
 }
 
-// managerChurn is the churn loop over an SDK manager.
+// managerChurn is the churn loop over an SDK manager. An acquire refused
+// with store_unavailable (the registry issues epochs from a block reserved
+// in the store, and refuses at once while the next block is being
+// reserved) is retried after a millisecond, at most refusedTries times; the
+// pair's latency includes the wait and the run counts the refusals.
 func (e *env) managerChurn(mgr *cheetah.Manager) func(*trial) (map[string]float64, error) {
+	const refusedTries = 1000
 	reqs := make([]cheetah.AcquireRequest, e.cfg.ChurnAcquirers)
 	for w := range reqs {
 		reqs[w] = cheetah.AcquireRequest{UserID: broker.User, TaskID: "churn-" + strconv.Itoa(w), ClientType: cheetah.Console}
 	}
+	var refused atomic.Int64
 	op := func(ctx context.Context, w int) error {
 		h, err := mgr.Acquire(ctx, reqs[w])
+		for tries := 0; errors.Is(err, cheetah.ErrStoreUnavailable) && tries < refusedTries && ctx.Err() == nil; tries++ {
+			refused.Add(1)
+			sleep(ctx, time.Millisecond)
+			h, err = mgr.Acquire(ctx, reqs[w])
+		}
 		if err != nil {
 			return err
 		}
@@ -254,5 +286,12 @@ func (e *env) managerChurn(mgr *cheetah.Manager) func(*trial) (map[string]float6
 		}
 		return nil
 	}
-	return func(t *trial) (map[string]float64, error) { return e.churnLoad(t, op) }
+	return func(t *trial) (map[string]float64, error) {
+		refused.Store(0)
+		out, err := e.churnLoad(t, op)
+		if out != nil {
+			out["refused"] = float64(refused.Load())
+		}
+		return out, err
+	}
 }

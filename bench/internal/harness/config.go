@@ -38,9 +38,13 @@ type Config struct {
 	ChurnAcquirers int `json:"churn_acquirers"`
 	// ChurnPerClient is how many of the contexts each client holds (at
 	// most 256, the broker's bound on one state report).
-	ChurnPerClient int           `json:"churn_per_client"`
-	ChurnDuration  time.Duration `json:"churn_duration_ns"`
-	ChurnWarmup    time.Duration `json:"churn_warmup_ns"`
+	ChurnPerClient int `json:"churn_per_client"`
+	// ChurnPerClientMany, when set and not ChurnPerClient, adds a row of
+	// Cheetah in process with this many contexts per client, for the agents
+	// dropped under churn with many contexts on one connection.
+	ChurnPerClientMany int           `json:"churn_per_client_many,omitempty"`
+	ChurnDuration      time.Duration `json:"churn_duration_ns"`
+	ChurnWarmup        time.Duration `json:"churn_warmup_ns"`
 
 	// 4. Commands recorded per run by Producers concurrent writers, after
 	// Warmup excluded ones.
@@ -80,7 +84,7 @@ func Full() Config {
 		Repeats: 3, Seed: 20260406,
 		RoundTrips: 10_000, WarmupRoundTrips: 1_000, PayloadBytes: 256,
 		ThroughputContexts: 256, ThroughputClients: 16, ThroughputDuration: 20 * time.Second, ThroughputWarmup: 3 * time.Second,
-		ChurnContexts: 10_000, ChurnAcquirers: 64, ChurnPerClient: 16, ChurnDuration: 10 * time.Second, ChurnWarmup: 2 * time.Second,
+		ChurnContexts: 10_000, ChurnAcquirers: 64, ChurnPerClient: 16, ChurnPerClientMany: 64, ChurnDuration: 10 * time.Second, ChurnWarmup: 2 * time.Second,
 		IngestCommands: 20_000, IngestWarmup: 2_000, IngestProducers: 64,
 		Conns: 10_000, ConnDialers: 64,
 		RunTimeout:  5 * time.Minute,
@@ -109,7 +113,7 @@ func Smoke() Config {
 	c.RoundTrips, c.WarmupRoundTrips = 30, 5
 	c.ThroughputContexts, c.ThroughputClients = 8, 2
 	c.ThroughputDuration, c.ThroughputWarmup = 300*time.Millisecond, 100*time.Millisecond
-	c.ChurnContexts, c.ChurnAcquirers, c.ChurnPerClient = 40, 4, 8
+	c.ChurnContexts, c.ChurnAcquirers, c.ChurnPerClient, c.ChurnPerClientMany = 40, 4, 8, 20
 	c.ChurnDuration, c.ChurnWarmup = 300*time.Millisecond, 100*time.Millisecond
 	c.IngestCommands, c.IngestWarmup, c.IngestProducers = 60, 10, 4
 	c.Conns, c.ConnDialers = 20, 4
@@ -134,6 +138,8 @@ func (c Config) Check() error {
 		return fmt.Errorf("churn needs at least one context per acquirer")
 	case c.ChurnPerClient < 1 || c.ChurnPerClient > 256:
 		return fmt.Errorf("churn: 1 to 256 contexts per client")
+	case c.ChurnPerClientMany < 0 || c.ChurnPerClientMany > 256:
+		return fmt.Errorf("churn: 0 (none) to 256 contexts per client in the many-contexts row")
 	case c.IngestCommands < 1 || c.IngestProducers < 1:
 		return fmt.Errorf("ingest needs commands and producers")
 	case c.Conns < 1 || c.ConnDialers < 1:
@@ -147,6 +153,11 @@ func (c Config) Check() error {
 		}
 	}
 	return nil
+}
+
+// churnMany says whether the churn scenario has its many-contexts row.
+func (c Config) churnMany() bool {
+	return c.ChurnPerClientMany > 0 && c.ChurnPerClientMany != c.ChurnPerClient
 }
 
 func (c Config) wants(s *scenarioDef) bool {

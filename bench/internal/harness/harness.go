@@ -87,7 +87,9 @@ func Run(ctx context.Context, cfg Config, log io.Writer) (*report.Report, error)
 		rep.Scenarios = append(rep.Scenarios, sc)
 		e.logf("scenario %d: done in %s", s.number, time.Since(start).Round(time.Millisecond))
 	}
-	rep.Targets = targets(rep)
+	rep.Goals = rep.CheckGoals(goals(cfg))
+	rep.Readings = readings(rep)
+	rep.Footnotes = footnotes()
 	rep.Seconds = time.Since(rep.StartedAt).Seconds()
 	return rep, ctx.Err()
 }
@@ -194,17 +196,50 @@ func (a absentError) Unwrap() error { return a.err }
 
 func absent(err error) error { return absentError{err} }
 
+// partialError is a run that failed but still took some figures, which the
+// row shows with the failure as its note.
+type partialError struct {
+	figures map[string]float64
+	err     error
+}
+
+func (p partialError) Error() string { return p.err.Error() }
+func (p partialError) Unwrap() error { return p.err }
+
 // trial is one repeat of one peer.
 type trial struct {
 	ctx     context.Context
 	i       int
 	profile string // where this trial's profiles go; empty for none
+
+	// cpu is the CPU time of this whole process over the measured phase,
+	// once it has ended; ops is how many operations a closed loop completed
+	// in it.
+	cpu time.Duration
+	ops int64
 }
 
-// measuring starts the measured phase: with profiling on, a CPU profile
-// runs until the returned function is called, which then also writes a heap
-// profile.
+// measuring starts the measured phase; the returned function ends it. It
+// takes the process's CPU time over the phase, and with profiling on, a CPU
+// profile runs until the end, which then also writes a heap profile.
 func (t *trial) measuring() (stop func()) {
+	stopProfile := t.profiling()
+	cpu0 := machine.CPUTime()
+	return func() {
+		t.cpu = machine.CPUTime() - cpu0
+		stopProfile()
+	}
+}
+
+// cpuPerOp is the CPU time of the measured phase per operation, in µs.
+func (t *trial) cpuPerOp(ops int64) (float64, bool) {
+	if t.cpu <= 0 || ops <= 0 {
+		return 0, false
+	}
+	return stats.Micros(t.cpu) / float64(ops), true
+}
+
+func (t *trial) profiling() (stop func()) {
 	if t.profile == "" {
 		return func() {}
 	}
@@ -266,6 +301,18 @@ func (e *env) row(sc, peer string, profile bool, setup runner) *report.Row {
 		}
 		got, err := run(t)
 		cancel()
+		var part partialError
+		if errors.As(err, &part) {
+			// A failed run that still measured something worth reading
+			// (agents dropped): that run's figures alone, and why it failed.
+			row.Note = fmt.Sprintf("failed in run %d: %v; the figures are that run's that could be taken", i+1, part.err)
+			e.logf("  %s: %s", peer, row.Note)
+			row.Values = map[string]stats.Summary{}
+			for k, v := range part.figures {
+				row.Values[k] = stats.Summarize([]float64{v})
+			}
+			return row
+		}
 		if err != nil {
 			row.Failed, row.Reason = true, fmt.Sprintf("failed in run %d: %v", i+1, err)
 			e.logf("  %s: %s", peer, row.Reason)

@@ -40,8 +40,15 @@ func latencyColumns() []report.Column {
 		{Key: "p99", Label: "p99", Unit: "µs", Better: report.Lower},
 		{Key: "p999", Label: "p99.9", Unit: "µs", Better: report.Lower},
 		{Key: "commits", Label: "store commits per round trip", Unit: "", Better: report.Lower},
+		cpuColumn,
 	}
 }
+
+// cpuColumn is Cheetah's CPU time per command: this process's user and
+// system time over the measured phase (getrusage) divided by the commands
+// completed in it. The agents that answer run in this process too, so it
+// counts them, and the callers; not the PostgreSQL server's.
+var cpuColumn = report.Column{Key: "cpu_us", Label: "CPU per command (process)", Unit: "µs", Better: report.Lower}
 
 // latency is scenario 1: one context, sequential round trips with a
 // payload-sized params object.
@@ -203,6 +210,9 @@ func (e *env) cheetahRoundTrips(store broker.Store, overHTTP bool) runner {
 				// Warm-up included: commits are counted by the store, not per call.
 				n := float64(e.cfg.RoundTrips + e.cfg.WarmupRoundTrips)
 				out["commits"] = float64(after.Batches-before.Batches) / n
+				if cpu, ok := t.cpuPerOp(int64(e.cfg.RoundTrips)); ok {
+					out["cpu_us"] = cpu
+				}
 			}
 			return out, err
 		}, cleanup, nil

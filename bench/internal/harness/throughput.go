@@ -34,7 +34,8 @@ func (e *env) throughput() *report.Scenario {
 			c.ThroughputClients, c.ThroughputClients),
 		Columns: append(loadColumns("commands"),
 			report.Column{Key: "commits", Label: "store commits", Unit: "/s", Better: report.Lower},
-			report.Column{Key: "ops_per_commit", Label: "ops per commit", Unit: "ops", Better: report.Higher}),
+			report.Column{Key: "ops_per_commit", Label: "ops per commit", Unit: "ops", Better: report.Higher},
+			cpuColumn),
 	}
 	s.Rows = append(s.Rows,
 		e.row(s.Key, peerNATSQueue, false, e.natsThroughput),
@@ -47,6 +48,7 @@ func (e *env) throughput() *report.Scenario {
 // load runs a closed loop of workers and turns it into the row's figures.
 func (e *env) load(t *trial, workers int, warm, dur time.Duration, op func(ctx context.Context, w int) error) (map[string]float64, error) {
 	res := closedLoop(t.ctx, t, workers, warm, dur, op)
+	t.ops = res.ops
 	if err := res.check(); err != nil {
 		return nil, err
 	}
@@ -143,6 +145,9 @@ func (e *env) cheetahThroughput(store broker.Store) runner {
 			if n := after.Batches - before.Batches; err == nil && n > 0 {
 				out["commits"] = float64(n) / d.Seconds()
 				out["ops_per_commit"] = float64(after.Ops-before.Ops) / float64(n)
+			}
+			if cpu, ok := t.cpuPerOp(t.ops); err == nil && ok {
+				out["cpu_us"] = cpu
 			}
 			return out, err
 		}, cleanup, nil

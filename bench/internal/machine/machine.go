@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Info is what the report prints about the machine.
@@ -150,4 +151,14 @@ func LoadAvg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// CPUTime is the CPU time this process has used so far, user and system,
+// every thread (getrusage RUSAGE_SELF); 0 when it cannot be read.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -26,7 +26,12 @@ type Report struct {
 	Settings  any          `json:"settings"`
 	Versions  []Version    `json:"versions"`
 	Scenarios []*Scenario  `json:"scenarios"`
-	Targets   []Target     `json:"targets"`
+	Goals     []Target     `json:"goals"`
+	// Readings are figures shown with the goals without one of their own.
+	Readings []Reading `json:"readings,omitempty"`
+	// Footnotes are printed under the goals: how figures that span peers
+	// were taken.
+	Footnotes []string `json:"footnotes,omitempty"`
 }
 
 // Version is one peer's (or library's) version, or absent.
@@ -103,19 +108,6 @@ func (s *Scenario) Median(peer, key string) (float64, bool) {
 	return v.Median, ok && !math.IsNaN(v.Median)
 }
 
-// Target is one goal of the issue checked against the medians.
-type Target struct {
-	Scenario int     `json:"scenario"`
-	Text     string  `json:"text"`
-	Measured float64 `json:"measured,omitempty"`
-	Unit     string  `json:"unit"` // "×" for a ratio, else the figure's unit
-	Goal     float64 `json:"goal"`
-	AtMost   bool    `json:"at_most"` // the goal is an upper bound
-	Absent   bool    `json:"absent,omitempty"`
-	Met      bool    `json:"met"`
-	Detail   string  `json:"detail,omitempty"`
-}
-
 // WriteJSON writes r, indented, to path.
 func (r *Report) WriteJSON(path string) error {
 	b, err := json.MarshalIndent(r, "", "  ")
@@ -148,30 +140,7 @@ func (r *Report) Markdown(w io.Writer) {
 	for _, s := range r.Scenarios {
 		s.Markdown(w)
 	}
-	if len(r.Targets) > 0 {
-		fmt.Fprintf(w, "### Targets\n\n| # | target | measured | goal | verdict |\n|---|---|---|---|---|\n")
-		for _, t := range r.Targets {
-			goal := "≥ "
-			if t.AtMost {
-				goal = "≤ "
-			}
-			goal += Num(t.Goal) + " " + t.Unit
-			measured, verdict := "absent", "absent"
-			if !t.Absent {
-				measured = Num(t.Measured) + " " + t.Unit
-				verdict = "missed"
-				if t.Met {
-					verdict = "met"
-				}
-			}
-			text := t.Text
-			if t.Detail != "" {
-				text += " (" + t.Detail + ")"
-			}
-			fmt.Fprintf(w, "| %d | %s | %s | %s | %s |\n", t.Scenario, text, measured, goal, verdict)
-		}
-		fmt.Fprintln(w)
-	}
+	r.goalsMarkdown(w)
 }
 
 // Markdown writes one scenario's table.
@@ -239,13 +208,15 @@ func Cell(v stats.Summary) string {
 }
 
 // Num formats a figure with three significant digits and thousands
-// separators: 12,300 or 45.6 or 0.123.
+// separators: 12,300 or 45.6 or 0.123; a whole number as one: 16.
 func Num(v float64) string {
 	switch a := math.Abs(v); {
 	case math.IsNaN(v):
 		return "–"
 	case a >= 1000:
 		return group(strconv.FormatFloat(math.Round(v), 'f', 0, 64))
+	case v == math.Trunc(v):
+		return strconv.FormatFloat(v, 'f', 0, 64) // a count: 16, not 16.0
 	case a >= 100:
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	case a >= 10:
