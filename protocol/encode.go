@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -40,13 +41,21 @@ func Append(dst []byte, f Frame) ([]byte, error) {
 	if err := f.validate(false); err != nil {
 		return dst, err
 	}
-	w := writer{buf: dst}
+	w := writers.Get().(*writer)
+	w.buf = dst
 	w.begin()
 	w.str("type", string(f.FrameType()))
-	f.encode(&w)
+	f.encode(w)
 	w.end()
-	return w.buf, nil
+	b := w.buf
+	w.buf = nil
+	writers.Put(w)
+	return b, nil
 }
+
+// writers recycles writers: one would escape to the heap through the
+// frame's encode method.
+var writers = sync.Pool{New: func() any { return new(writer) }}
 
 // sizeHint guesses the encoded size of f, so that Encode allocates once.
 func sizeHint(f Frame) int {

@@ -170,7 +170,8 @@ func (s *session) pushLocked(it outItem) {
 func (s *session) startWriterLocked() {
 	if s.ready && !s.writing && len(s.queue) > 0 && !s.dead {
 		s.writing = true
-		s.goLocked(s.writeLoop)
+		s.bg.Add(1)
+		go s.writeLoop()
 	}
 }
 
@@ -207,16 +208,15 @@ func (s *session) end() {
 // queue is empty; the next Send starts another. Frames of one batch go out
 // back to back with one encode buffer and one write deadline timer.
 func (s *session) writeLoop() {
+	defer s.bg.Done()
 	buf := s.srv.getBuf()
-	var (
-		wctx   context.Context
-		cancel context.CancelFunc
-		timer  *time.Timer
-	)
+	// The write timeout cuts the connection, as a write context's would;
+	// writes themselves take a context that is never done, which spares
+	// the library arming a cancellation for each one.
+	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
-			cancel()
 		}
 		s.srv.putBuf(buf)
 	}()
@@ -232,20 +232,19 @@ func (s *session) writeLoop() {
 		s.mu.Unlock()
 
 		if timer == nil {
-			wctx, cancel = context.WithCancel(s.ctx)
-			timer = time.AfterFunc(s.srv.cfg.WriteTimeout, cancel)
+			timer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() { s.ws.CloseNow() })
 			timer.Stop()
 		}
 		bytes := 0
 		for i := range batch {
 			it := &batch[i]
 			bytes += it.size
-			if !s.write(wctx, timer, it, &buf) {
+			if !s.write(timer, it, buf) {
 				s.fail()
 				return
 			}
 			if it.close != nil {
-				s.closeWritten(wctx, it.close)
+				s.closeWritten(it.close)
 				return
 			}
 		}
@@ -262,7 +261,7 @@ func (s *session) writeLoop() {
 
 // write encodes and writes one frame within the write timeout. It answers
 // false when the connection is broken.
-func (s *session) write(ctx context.Context, timer *time.Timer, it *outItem, buf *[]byte) bool {
+func (s *session) write(timer *time.Timer, it *outItem, buf *[]byte) bool {
 	var err error
 	*buf, err = protocol.Append((*buf)[:0], it.frame)
 	if err != nil {
@@ -270,7 +269,7 @@ func (s *session) write(ctx context.Context, timer *time.Timer, it *outItem, buf
 		return true
 	}
 	timer.Reset(s.srv.cfg.WriteTimeout)
-	err = s.ws.Write(ctx, websocket.MessageText, *buf)
+	err = s.ws.Write(context.Background(), websocket.MessageText, *buf)
 	timer.Stop()
 	if err != nil {
 		s.log.Debug("write frame", "err", err)
@@ -295,14 +294,14 @@ func (s *session) fail() {
 }
 
 // closeWritten performs the close whose error frame was just written.
-func (s *session) closeWritten(ctx context.Context, c *closeReq) {
+func (s *session) closeWritten(c *closeReq) {
 	// A close the broker decides is worth an operator's notice, except a
 	// shutdown's, which is expected.
 	level := slog.LevelInfo
 	if c.code == protocol.CloseGoingAway {
 		level = slog.LevelDebug
 	}
-	s.log.Log(ctx, level, "closing client", "code", int(c.code), "reason", c.reason)
+	s.log.Log(context.Background(), level, "closing client", "code", int(c.code), "reason", c.reason)
 	s.ws.Close(websocket.StatusCode(c.code), c.reason)
 	s.fail()
 }
@@ -364,8 +363,10 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 		t.Stop()
 	}
 	cancel()
-	sess.end()
+	// Cut whatever is still being written, then wait for the writer and
+	// the pings.
 	ws.CloseNow()
+	sess.end()
 	if sess.att != nil {
 		s.reg.Disconnect(sess.att)
 	}
@@ -373,18 +374,20 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 
 // getBuf and putBuf lend writers an encode buffer, so that an idle session
 // holds none.
-func (s *Server) getBuf() []byte {
+func (s *Server) getBuf() *[]byte {
 	if b, ok := s.bufs.Get().(*[]byte); ok {
-		return (*b)[:0]
+		*b = (*b)[:0]
+		return b
 	}
-	return make([]byte, 0, 1024)
+	b := make([]byte, 0, 1024)
+	return &b
 }
 
-func (s *Server) putBuf(b []byte) {
-	if cap(b) > 64<<10 {
+func (s *Server) putBuf(b *[]byte) {
+	if cap(*b) > 64<<10 {
 		return // a large frame's buffer is not worth keeping
 	}
-	s.bufs.Put(&b)
+	s.bufs.Put(b)
 }
 
 // readLoop reads frames until the connection ends. hello is the timer
@@ -392,13 +395,18 @@ func (s *Server) putBuf(b []byte) {
 func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 	max := int64(s.srv.cfg.MaxMessageBytes)
 	limit := newLimiter(s.srv.cfg.FrameRateLimit)
+	// The reader ends when the connection does; a context that is never
+	// done spares the library arming a cancellation for each frame.
+	rctx := context.WithoutCancel(ctx)
 	for {
-		typ, rd, err := s.ws.Reader(ctx)
+		typ, rd, err := s.ws.Reader(rctx)
 		if err != nil {
 			s.logReadEnd(err)
 			return
 		}
-		b, err := io.ReadAll(io.LimitReader(rd, max+1))
+		bp := s.srv.getBuf()
+		b, err := readFrame(rd, *bp, max+1)
+		*bp = b
 		if err != nil {
 			s.logReadEnd(err)
 			return
@@ -417,11 +425,18 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			return
 		}
 		f, err := protocol.Decode(b)
-		var unknown *protocol.UnknownTypeError
+		// A decoded frame does not refer to b; only a bad first frame is
+		// looked at again.
+		helloLike := false
+		if err != nil && s.att == nil {
+			_, helloLike = peekHello(b)
+		}
+		s.srv.putBuf(bp)
+		_, unknown := errors.AsType[*protocol.UnknownTypeError](err)
 		switch {
 		case err == nil:
 			s.srv.tel.frame(f.FrameType(), dirIn)
-		case errors.As(err, &unknown):
+		case unknown:
 			s.srv.tel.frame("unknown", dirIn)
 			if s.att == nil {
 				s.Close(protocol.CloseUnauthorized, "the first frame must be hello")
@@ -431,7 +446,7 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			continue
 		case err != nil:
 			if s.att == nil {
-				if _, isHello := peekHello(b); !isHello {
+				if !helloLike {
 					s.Close(protocol.CloseUnauthorized, "the first frame must be hello")
 					return
 				}
@@ -465,6 +480,29 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			return
 		}
 	}
+}
+
+// readFrame reads a message into b, up to limit bytes: a message longer
+// than limit comes back limit bytes long.
+func readFrame(r io.Reader, b []byte, limit int64) ([]byte, error) {
+	for int64(len(b)) < limit {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		window := b[len(b):cap(b)]
+		if rest := limit - int64(len(b)); int64(len(window)) > rest {
+			window = window[:rest]
+		}
+		n, err := r.Read(window)
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // peekHello tells whether a frame that failed to decode meant to be a hello,
