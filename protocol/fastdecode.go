@@ -320,3 +320,16 @@ func depthOf(v []byte) int {
 	}
 	return deepest
 }
+
+// validValue reports, in one pass, whether v is one JSON value that
+// CheckJSON(v, maxDepth) accepts and encoding/json finds valid.
+func validValue(v []byte, maxDepth int) bool {
+	jd := getDecoder(v)
+	defer putDecoder(jd)
+	val, err := jd.d.ReadValue()
+	if err != nil || depthOf(val) > maxDepth {
+		return false
+	}
+	_, err = jd.d.ReadToken()
+	return err == io.EOF
+}

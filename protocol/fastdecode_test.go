@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -88,4 +89,34 @@ func FuzzDecodeFastMatchesSlow(f *testing.F) {
 		f.Add([]byte(in))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) { checkFastMatchesSlow(t, b) })
+}
+
+var valueCases = []string{
+	``, ` `, `1`, ` 1 `, `1 2`, `{}`, `{} {}`, `[1,`, `"\ud800"`, `"\ud83d\ude42"`, "\"\xff\"", `{"a":1,"a":2}`,
+	`{"a":{"b":1,"b":2}}`, `{"a":1,"\u0061":2}`, `nul`, `null`, `"a\u0000b"`, `[1,2,3]`, `{"a":[{"b":"<&>"}]}`,
+	strings.Repeat("[", 64) + strings.Repeat("]", 64), strings.Repeat("[", 65) + strings.Repeat("]", 65),
+	`["]]]]"]`, `"\\"`,
+}
+
+// TestValidValueMatchesChecks holds the one-pass check of opaque data to
+// the checks it stands in front of: encoding/json's validity, UTF-8 and
+// CheckJSON.
+func TestValidValueMatchesChecks(t *testing.T) {
+	t.Parallel()
+	for _, in := range valueCases {
+		checkValidValue(t, []byte(in))
+	}
+}
+
+func checkValidValue(t *testing.T, v []byte) {
+	t.Helper()
+	want := json.Valid(v) && utf8.Valid(v) && CheckJSON(v, MaxJSONDepth) == nil
+	require.Equal(t, want, validValue(v, MaxJSONDepth), "%q", v)
+}
+
+func FuzzValidValue(f *testing.F) {
+	for _, in := range valueCases {
+		f.Add([]byte(in))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) { checkValidValue(t, v) })
 }
