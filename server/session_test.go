@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -77,7 +80,7 @@ func TestSlowReaderIsNotDropped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	slow := b.dial() // reads nothing yet
+	slow := dialSmallWindow(b) // reads nothing yet
 	slow.send(&protocol.Hello{Protocol: 1, Token: b.client, ClientID: "slow", ClientType: protocol.ClientConsole})
 	slow.send(&protocol.State{Contexts: []protocol.ContextReport{{ContextID: "w1", Owner: protocol.OwnerWorker}}})
 	var l cheetah.Lease
@@ -86,8 +89,8 @@ func TestSlowReaderIsNotDropped(t *testing.T) {
 		l, err = b.reg.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t", ClientType: cheetah.Console})
 		return err == nil
 	}, 10*time.Second, 5*time.Millisecond)
-	const n = 400
-	params := map[string]string{"pad": strings.Repeat("x", 24<<10)}
+	const n = 1000
+	params := map[string]string{"pad": strings.Repeat("x", 8<<10)}
 	ids := make([]string, n)
 	for i := range ids {
 		sent, err := b.reg.Send(ctx, l, cheetah.Command{Name: "x", Params: params}, cheetah.SendOptions{})
@@ -106,6 +109,30 @@ func TestSlowReaderIsNotDropped(t *testing.T) {
 	require.Equal(t, ids, got)
 	_, err := b.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
 	require.NoError(t, err, "the slow client is still connected")
+}
+
+// dialSmallWindow dials like b.dial, with a small TCP receive buffer, so
+// that what the client does not read waits in the broker's queue rather
+// than in the kernel's.
+func dialSmallWindow(b *broker) *wsClient {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			_ = c.(*net.TCPConn).SetReadBuffer(64 << 10)
+		}
+		return c, err
+	}}
+	b.t.Cleanup(tr.CloseIdleConnections)
+	conn, _, err := websocket.Dial(ctx, strings.Replace(b.http.URL, "http", "ws", 1)+"/ws/v1/client",
+		&websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}})
+	require.NoError(b.t, err)
+	conn.SetReadLimit(-1)
+	c := &wsClient{t: b.t, conn: conn, frames: make(chan protocol.Frame, 1024), closed: make(chan error, 1)}
+	b.t.Cleanup(func() { conn.CloseNow() })
+	return c
 }
 
 // TestOutboundBytesBound proves the bound by bytes: a client that does not
