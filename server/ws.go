@@ -51,7 +51,8 @@ type session struct {
 	closeSet bool // a close is queued: nothing is queued after it
 	dead     bool // cut off or ended: nothing is queued or started any more
 	// closed is closed by the writer once it has written the close, or
-	// has given up; it exists only once a close is queued.
+	// has given up, and then dropped; it exists only once a close is
+	// queued.
 	closed chan struct{}
 	// bg counts the goroutines the session starts (writer, pings, cuts);
 	// they start under mu while !dead, and the session waits for them.
@@ -286,6 +287,7 @@ func (s *session) fail() {
 	s.writing = false
 	s.queue = nil
 	closed := s.closed
+	s.closed = nil // closed once
 	s.mu.Unlock()
 	s.ws.CloseNow()
 	if closed != nil {
