@@ -20,14 +20,14 @@ import (
 )
 
 // serverGoroutines counts the goroutines of this process that run the
-// broker's client sessions: readers (handleClient), writers, pings and the
+// broker's client sessions: readers (session.run), writers, pings and the
 // shared heartbeat loop.
 func serverGoroutines() (readers, writers, pings, loops int) {
 	var b bytes.Buffer
 	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
 	for g := range strings.SplitSeq(b.String(), "\n\n") {
 		switch {
-		case strings.Contains(g, "server.(*Server).handleClient"):
+		case strings.Contains(g, "server.(*session).run"):
 			readers++
 		case strings.Contains(g, "server.(*session).writeLoop"):
 			writers++

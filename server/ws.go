@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -315,14 +316,12 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	sess := &session{srv: s, id: newID()}
 	sess.log = s.log.With("session_id", sess.id)
 	sess.lastSeen.Store(s.clock.Now().UnixNano())
-	defer sess.leavePending()
 	// The hello deadline runs from before the upgrade: once a client has
 	// its 101, the timer that will close it is there (it queues the close
 	// for the writer, which can start below).
 	hello := s.clock.AfterFunc(s.cfg.HelloTimeout, func() {
 		sess.Close(protocol.CloseTimeout, "no hello within "+s.cfg.HelloTimeout.String())
 	})
-	defer hello.Stop()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		// The token travels in hello, never in a cookie, so a foreign origin
 		// gains nothing from opening a socket; extensions connect from
@@ -330,6 +329,8 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 		InsecureSkipVerify: true,
 	})
 	if err != nil {
+		hello.Stop()
+		sess.leavePending()
 		s.log.Debug("websocket accept", "err", err)
 		return
 	}
@@ -341,13 +342,40 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	sess.ws = ws
 	sess.mu.Unlock()
 	if !s.track(sess) {
+		hello.Stop()
+		sess.leavePending()
 		ws.Close(websocket.StatusGoingAway, "shutting down")
 		return
 	}
-	defer s.untrack(sess)
+	// The connection is hijacked, so the HTTP handler returns and the
+	// session goes on in a goroutine of its own: an idle session then
+	// holds the reader's shallow stack, not one under the HTTP server's
+	// and the router's frames. The server's wait group counts it (track).
+	go sess.run(context.WithoutCancel(r.Context()), hello)
+}
 
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+// run serves the session until its connection ends, then lets go of all
+// it holds.
+func (sess *session) run(parent context.Context, hello clockwork.Timer) {
+	s := sess.srv
+	defer s.untrack(sess)
+	defer sess.leavePending()
+	defer hello.Stop()
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
+	defer func() {
+		// The HTTP server's recovery no longer covers the session: a panic
+		// ends this client, not the broker.
+		if v := recover(); v != nil {
+			sess.log.Error("client session panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			sess.ws.CloseNow()
+			s.stopBeating(sess)
+			sess.end()
+			if sess.att != nil {
+				s.reg.Disconnect(sess.att)
+			}
+		}
+	}()
 	sess.start(ctx)
 	sess.readLoop(ctx, hello)
 	s.stopBeating(sess)
@@ -367,7 +395,7 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	// Cut whatever is still being written, then wait for the writer and
 	// the pings.
-	ws.CloseNow()
+	sess.ws.CloseNow()
 	sess.end()
 	if sess.att != nil {
 		s.reg.Disconnect(sess.att)
