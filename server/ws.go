@@ -25,8 +25,8 @@ import (
 // CodeTooManyContexts answers a state report over the per-client bound.
 const CodeTooManyContexts protocol.ErrorCode = "too_many_contexts"
 
-// session is one client WebSocket. Its reader runs in the handler's
-// goroutine, and that is all an idle session runs: frames wait in a queue
+// session is one client WebSocket. Its reader runs in a goroutine of its
+// own (run), and that is all an idle session runs: frames wait in a queue
 // guarded by mu, a writer goroutine exists only while there is something to
 // write, and the server's one heartbeat loop pings every session. The
 // registry hands frames to Send under its lock, so Send never blocks; a
@@ -177,8 +177,9 @@ func (s *session) startWriterLocked() {
 	}
 }
 
-// goLocked starts f as one of the session's goroutines, unless the session
-// has ended. s.mu is held.
+// goLocked starts f as one of the session's goroutines, once there is a
+// connection. s.mu is held, and the caller has checked that the session has
+// not ended (dead), so end's wait covers f.
 func (s *session) goLocked(f func()) {
 	if s.ws == nil {
 		return
@@ -309,9 +310,10 @@ func (s *session) closeWritten(c *closeReq) {
 	s.fail()
 }
 
-// handleClient serves GET /ws/v1/client. The caller has taken the
-// connection's place among those waiting to say hello (admitHello); the
-// session gives it back.
+// handleClient serves GET /ws/v1/client: it upgrades the connection and
+// starts the session's goroutine. The caller has taken the connection's
+// place among those waiting to say hello (admitHello); the session gives it
+// back.
 func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	sess := &session{srv: s, id: newID()}
 	sess.log = s.log.With("session_id", sess.id)
