@@ -84,6 +84,18 @@ func Decode(b []byte) (Frame, error) {
 	if !utf8.Valid(b) {
 		return nil, &MalformedError{Msg: "frame is not valid UTF-8"}
 	}
+	if f, ok := decodeFast(b); ok {
+		if err := f.validate(true); err != nil {
+			return nil, err
+		}
+		return f, nil
+	}
+	return decodeSlow(b)
+}
+
+// decodeSlow decodes any frame, and names exactly what is wrong with a bad
+// one. b is valid UTF-8.
+func decodeSlow(b []byte) (Frame, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		// encoding/json checks the syntax of the whole input before it

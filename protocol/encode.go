@@ -3,9 +3,13 @@ package protocol
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"unicode/utf8"
 )
 
 // Encode returns the JSON text of f, with its "type" first. It refuses, with
@@ -16,20 +20,62 @@ import (
 // encoding/json would compact them and escape <, > and &, and the protocol
 // promises to pass the caller's bytes through unchanged.
 func Encode(f Frame) ([]byte, error) {
-	// Every Frame is a pointer, so a nil one is the only way to get here
-	// without a frame.
 	if f == nil || reflect.ValueOf(f).IsNil() {
 		return nil, errors.New("protocol: encode: nil frame")
 	}
-	if err := f.validate(false); err != nil {
+	b, err := Append(make([]byte, 0, sizeHint(f)), f)
+	if err != nil {
 		return nil, err
 	}
-	w := &writer{}
+	return b, nil
+}
+
+// Append is Encode appending to dst, so that a writer can reuse one buffer
+// for frame after frame. On error it returns dst unchanged.
+func Append(dst []byte, f Frame) ([]byte, error) {
+	// Every Frame is a pointer, so a nil one is the only way to get here
+	// without a frame.
+	if f == nil || reflect.ValueOf(f).IsNil() {
+		return dst, errors.New("protocol: encode: nil frame")
+	}
+	if err := f.validate(false); err != nil {
+		return dst, err
+	}
+	w := writers.Get().(*writer)
+	w.buf = dst
 	w.begin()
 	w.str("type", string(f.FrameType()))
 	f.encode(w)
 	w.end()
-	return w.buf, nil
+	b := w.buf
+	w.buf = nil
+	writers.Put(w)
+	return b, nil
+}
+
+// writers recycles writers: one would escape to the heap through the
+// frame's encode method.
+var writers = sync.Pool{New: func() any { return new(writer) }}
+
+// sizeHint guesses the encoded size of f, so that Encode allocates once.
+func sizeHint(f Frame) int {
+	const names = 192 // type, member names, ids
+	switch f := f.(type) {
+	case *Command:
+		return names + len(f.CommandID) + len(f.TaskID) + len(f.Name) + len(f.Params) +
+			len(f.Target) + len(f.Options) + len(f.Traceparent)
+	case *Result:
+		return names + len(f.CommandID) + len(f.Data)
+	case *Progress:
+		return names + len(f.CommandID) + len(f.Data)
+	case *Event:
+		return names + len(f.CommandID) + len(f.Name) + len(f.Data)
+	case *Error:
+		return names + len(f.CommandID) + len(f.Message) + len(f.Data)
+	case *Capture:
+		return names + len(f.CommandID) + len(f.MIME) + len(f.Data)
+	}
+	return names
 }
 
 // writer appends the members of JSON objects. It knows nothing of frames;
@@ -56,7 +102,7 @@ func (w *writer) key(name string) {
 
 func (w *writer) str(name, v string) {
 	w.key(name)
-	w.buf = appendJSON(w.buf, v)
+	w.buf = appendString(w.buf, v)
 }
 
 // optStr writes a string member that is omitted when empty.
@@ -91,16 +137,86 @@ func (w *writer) raw(name string, v json.RawMessage) {
 func (w *writer) labels(name string, m map[string]string) {
 	if m != nil {
 		w.key(name)
-		w.buf = appendJSON(w.buf, m) // map keys come out sorted
+		w.buf = append(w.buf, '{')
+		for i, k := range slices.Sorted(maps.Keys(m)) { // as encoding/json does
+			if i > 0 {
+				w.buf = append(w.buf, ',')
+			}
+			w.buf = appendString(w.buf, k)
+			w.buf = append(w.buf, ':')
+			w.buf = appendString(w.buf, m[k])
+		}
+		w.buf = append(w.buf, '}')
 	}
 }
 
-// appendJSON appends v, a string or a map of strings, as JSON. Marshalling
-// those cannot fail, which is why the error is dropped.
-func appendJSON(buf []byte, v any) []byte {
-	b, _ := json.Marshal(v)
-	return append(buf, b...)
+// appendString appends s as a JSON string with encoding/json's escaping,
+// so that frames read the same as they always have: ", \ and control
+// characters escaped (\b \f \n \r \t short, the others as \u00XX, NUL
+// as \u0000), <, > and & as \u003c, \u003e and \u0026, U+2028 and U+2029
+// as \u2028 and \u2029, and each byte of invalid UTF-8 as \ufffd.
+func appendString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if plainASCII[b] {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '\\', '"':
+				dst = append(dst, '\\', b)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		if c == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if c == '\u2028' || c == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[c&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }
+
+// plainASCII holds the ASCII bytes a JSON string holds as they are.
+var plainASCII = func() (t [utf8.RuneSelf]bool) {
+	for b := 0x20; b < utf8.RuneSelf; b++ {
+		t[b] = true
+	}
+	for _, b := range `"\\<>&` {
+		t[b] = false
+	}
+	return t
+}()
 
 func (f *Hello) encode(w *writer) {
 	w.int("protocol", int64(f.Protocol))

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -44,7 +43,9 @@ func CheckJSON(b []byte, maxDepth int) *JSONError {
 	if !utf8.Valid(b) {
 		return &JSONError{Msg: "is not valid UTF-8"}
 	}
-	d := jsontext.NewDecoder(bytes.NewReader(b))
+	jd := getDecoder(b)
+	defer putDecoder(jd)
+	d := jd.d
 	for {
 		_, err := d.ReadToken()
 		if errors.Is(err, io.EOF) {

@@ -125,9 +125,10 @@ func (c *checker) labels(field string, m map[string]string) {
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
 func (c *checker) json(field string, v json.RawMessage) {
-	if len(v) == 0 || c.decoded {
+	if len(v) == 0 || c.decoded || validValue(v, MaxJSONDepth) {
 		return
 	}
+	// Something is wrong; say what, as the checks always have.
 	if !json.Valid(v) || !utf8.Valid(v) {
 		c.fail(field, "must be valid JSON in UTF-8")
 		return

@@ -49,8 +49,11 @@ type Config struct {
 	// MaxMessageBytes bounds one frame in either direction (4 MiB).
 	MaxMessageBytes int
 	// OutboundQueue bounds the frames waiting to be written to one client
-	// (256); a client that lets it fill is disconnected.
+	// (4,096), and OutboundBytes their size (16 MiB, and at least four
+	// frames of MaxMessageBytes); a client that lets either fill is not
+	// reading, and is disconnected. An idle client's queue holds nothing.
 	OutboundQueue int
+	OutboundBytes int
 	// WriteTimeout bounds one frame write (10 s).
 	WriteTimeout time.Duration
 	// MaxBodyBytes bounds an HTTP request body (1 MiB).
@@ -105,7 +108,10 @@ func (c *Config) fill() {
 		c.MaxMessageBytes = cheetah.DefaultMaxMessageBytes
 	}
 	if c.OutboundQueue == 0 {
-		c.OutboundQueue = 256
+		c.OutboundQueue = 4096
+	}
+	if c.OutboundBytes == 0 {
+		c.OutboundBytes = max(16<<20, 4*c.MaxMessageBytes)
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
@@ -138,6 +144,12 @@ type Server struct {
 	sessions map[*session]struct{}
 	closing  bool
 	wg       sync.WaitGroup
+	// beating counts the sessions in the heartbeat loop; beatStop stops
+	// the loop, and is nil while none runs.
+	beating  int
+	beatStop chan struct{}
+	// bufs holds the encode buffers writers borrow.
+	bufs sync.Pool
 }
 
 // New returns a Server for cfg.

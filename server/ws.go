@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,22 +25,45 @@ import (
 // CodeTooManyContexts answers a state report over the per-client bound.
 const CodeTooManyContexts protocol.ErrorCode = "too_many_contexts"
 
-// session is one client WebSocket. Its reader runs in the handler's
-// goroutine; a writer goroutine drains a bounded outbound queue, so the
-// registry can hand it frames under its lock without ever blocking, and a
-// client that does not read is cut off instead of slowing anyone else.
+// session is one client WebSocket. Its reader runs in a goroutine of its
+// own (run), and that is all an idle session runs: frames wait in a queue
+// guarded by mu, a writer goroutine exists only while there is something to
+// write, and the server's one heartbeat loop pings every session. The
+// registry hands frames to Send under its lock, so Send never blocks; a
+// client that does not read is cut off once its queue passes the bound,
+// instead of slowing anyone else.
 type session struct {
-	srv  *Server
-	ws   *websocket.Conn
-	id   string
-	log  *slog.Logger
-	out  chan outItem
-	done chan struct{} // closed when the writer has finished
+	srv *Server
+	ws  *websocket.Conn
+	id  string
+	log *slog.Logger
 
-	closeOnce sync.Once
-	closing   chan struct{} // closed once a close is queued for the writer
-	lastSeen  atomic.Int64  // unix nanoseconds of the last frame or pong
-	att       *registry.Attachment
+	mu sync.Mutex
+	// queue holds the frames not yet taken by a writer; queued and
+	// queuedBytes count them and the batch a writer is writing.
+	queue       []outItem
+	queued      int
+	queuedBytes int
+	// ctx is the session's context, set when the connection is ready to
+	// write (ready); a writer started before that would have no socket.
+	ctx      context.Context
+	ready    bool
+	writing  bool // a writer goroutine runs
+	closeSet bool // a close is queued: nothing is queued after it
+	dead     bool // cut off or ended: nothing is queued or started any more
+	// closed is closed by the writer once it has written the close, or
+	// has given up, and then dropped; it exists only once a close is
+	// queued.
+	closed chan struct{}
+	// bg counts the goroutines the session starts (writer, pings, cuts);
+	// they start under mu while !dead, and the session waits for them.
+	bg sync.WaitGroup
+
+	lastSeen atomic.Int64 // unix nanoseconds of the last frame or pong
+	att      *registry.Attachment
+	// beating is set once hello succeeded: the heartbeat loop pings only
+	// sessions that said hello (the hello timer covers the others).
+	beating atomic.Bool
 	// helloed is set once the session no longer counts among the
 	// connections waiting to say hello (Server.pendingHellos).
 	helloed atomic.Bool
@@ -55,10 +79,12 @@ func (s *session) leavePending() {
 }
 
 // outItem is a frame to write, or, with close set, the close to perform
-// after writing the frame that explains it.
+// after writing the frame that explains it. size is what the frame counts
+// against the queue's byte bound.
 type outItem struct {
 	frame protocol.Frame
 	close *closeReq
+	size  int
 }
 
 type closeReq struct {
@@ -66,25 +92,45 @@ type closeReq struct {
 	reason string
 }
 
-// Send queues f without blocking. When the queue is full the client is not
-// reading: the connection is dropped and Send answers false.
+// frameSize estimates the encoded size of f from its variable parts, without
+// encoding it: Send runs under the registry's lock.
+func frameSize(f protocol.Frame) int {
+	const overhead = 160 // type, names, ids
+	switch f := f.(type) {
+	case *protocol.Command:
+		return overhead + len(f.CommandID) + len(f.ContextID) + len(f.TaskID) + len(f.Name) +
+			len(f.Params) + len(f.Target) + len(f.Options) + len(f.Traceparent)
+	case *protocol.Error:
+		return overhead + len(f.CommandID) + len(f.Message) + len(f.Data)
+	case *protocol.Assignment:
+		return overhead + len(f.ContextID) + len(f.TaskID)
+	case *protocol.Cancel:
+		return overhead + len(f.CommandID) + len(f.Reason)
+	}
+	return overhead
+}
+
+// Send queues f without blocking. When the queue is over its bound the
+// client is not reading: the connection is dropped and Send answers false.
 func (s *session) Send(f protocol.Frame) bool {
-	select {
-	case <-s.done:
+	size := frameSize(f)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || s.closeSet {
 		return false
-	default:
 	}
-	select {
-	case s.out <- outItem{frame: f}:
-		return true
-	default:
+	cfg := &s.srv.cfg
+	if s.queued+1 > cfg.OutboundQueue || s.queuedBytes+size > cfg.OutboundBytes {
 		// Said once per client, not once per refused frame.
-		s.closeOnce.Do(func() {
-			s.log.Warn("client does not read its frames; disconnecting", "queue", cap(s.out))
-			go s.ws.CloseNow()
-		})
+		s.log.Warn("client does not read its frames; disconnecting",
+			"queued_frames", s.queued, "queued_bytes", s.queuedBytes)
+		s.dead = true
+		s.queue = nil
+		s.goLocked(func() { s.ws.CloseNow() })
 		return false
 	}
+	s.pushLocked(outItem{frame: f, size: size})
+	return true
 }
 
 // Close sends an error frame saying why, then closes with code. It does not
@@ -93,39 +139,191 @@ func (s *session) Close(code protocol.CloseCode, reason string) {
 	// Before the error frame is queued: a client that reads it finds the
 	// place it held among those waiting to say hello given back.
 	s.leavePending()
-	s.closeOnce.Do(func() {
-		item := outItem{
-			frame: &protocol.Error{Code: code.ErrorCode(), Message: reason},
-			close: &closeReq{code: code, reason: reason},
-		}
-		select {
-		case s.out <- item:
-			close(s.closing)
-		default:
-			// The queue is full, so no error frame can get through in time.
-			go s.ws.CloseNow()
-		}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || s.closeSet {
+		return
+	}
+	// The close is queued whatever the bound: it is one small frame, and
+	// a client that reads nothing is cut by the write timeout instead.
+	s.closeSet = true
+	s.closed = make(chan struct{})
+	s.pushLocked(outItem{
+		frame: &protocol.Error{Code: code.ErrorCode(), Message: reason},
+		close: &closeReq{code: code, reason: reason},
 	})
 }
 
-// handleClient serves GET /ws/v1/client. The caller has taken the
-// connection's place among those waiting to say hello (admitHello); the
-// session gives it back.
-func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
-	sess := &session{
-		srv: s, id: newID(), out: make(chan outItem, s.cfg.OutboundQueue),
-		done: make(chan struct{}), closing: make(chan struct{}),
+// closing reports whether the broker has queued a close.
+func (s *session) closing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closeSet
+}
+
+// pushLocked queues it and starts a writer if none runs.
+func (s *session) pushLocked(it outItem) {
+	s.queue = append(s.queue, it)
+	s.queued++
+	s.queuedBytes += it.size
+	s.startWriterLocked()
+}
+
+func (s *session) startWriterLocked() {
+	if s.ready && !s.writing && len(s.queue) > 0 && !s.dead {
+		s.writing = true
+		s.bg.Add(1)
+		go s.writeLoop()
 	}
+}
+
+// goLocked starts f as one of the session's goroutines, once there is a
+// connection. s.mu is held, and the caller has checked that the session has
+// not ended (dead), so end's wait covers f.
+func (s *session) goLocked(f func()) {
+	if s.ws == nil {
+		return
+	}
+	s.bg.Go(f)
+}
+
+// start makes the session writable: frames queued before (a hello timeout's
+// close) go out now.
+func (s *session) start(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ctx = ctx
+	s.ready = true
+	s.startWriterLocked()
+}
+
+// end stops everything the session started and waits for it. Nothing
+// starts afterwards.
+func (s *session) end() {
+	s.mu.Lock()
+	s.dead = true
+	s.queue = nil
+	s.mu.Unlock()
+	s.bg.Wait()
+}
+
+// writeLoop writes what is queued, batch after batch, and returns when the
+// queue is empty; the next Send starts another. Frames of one batch go out
+// back to back with one encode buffer and one write deadline timer.
+func (s *session) writeLoop() {
+	defer s.bg.Done()
+	buf := s.srv.getBuf()
+	// The write timeout cuts the connection, as a write context's would;
+	// writes themselves take a context that is never done, which spares
+	// the library arming a cancellation for each one.
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		s.srv.putBuf(buf)
+	}()
+	for {
+		s.mu.Lock()
+		batch := s.queue
+		if len(batch) == 0 || s.dead {
+			s.writing = false
+			s.mu.Unlock()
+			return
+		}
+		s.queue = nil
+		s.mu.Unlock()
+
+		if timer == nil {
+			timer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() { s.ws.CloseNow() })
+			timer.Stop()
+		}
+		bytes := 0
+		for i := range batch {
+			it := &batch[i]
+			bytes += it.size
+			if !s.write(timer, it, buf) {
+				s.fail()
+				return
+			}
+			if it.close != nil {
+				s.closeWritten(it.close)
+				return
+			}
+		}
+		s.mu.Lock()
+		s.queued -= len(batch)
+		s.queuedBytes -= bytes
+		if s.queue == nil && cap(batch) <= 8 {
+			clear(batch)
+			s.queue = batch[:0] // reused by the next Send
+		}
+		s.mu.Unlock()
+	}
+}
+
+// write encodes and writes one frame within the write timeout. It answers
+// false when the connection is broken.
+func (s *session) write(timer *time.Timer, it *outItem, buf *[]byte) bool {
+	var err error
+	*buf, err = protocol.Append((*buf)[:0], it.frame)
+	if err != nil {
+		s.log.Error("encode frame", "err", err)
+		return true
+	}
+	timer.Reset(s.srv.cfg.WriteTimeout)
+	err = s.ws.Write(context.Background(), websocket.MessageText, *buf)
+	timer.Stop()
+	if err != nil {
+		s.log.Debug("write frame", "err", err)
+		return false
+	}
+	s.srv.tel.frame(it.frame.FrameType(), dirOut)
+	return true
+}
+
+// fail ends a session whose connection broke while writing.
+func (s *session) fail() {
+	s.mu.Lock()
+	s.dead = true
+	s.writing = false
+	s.queue = nil
+	closed := s.closed
+	s.closed = nil // closed once
+	s.mu.Unlock()
+	s.ws.CloseNow()
+	if closed != nil {
+		close(closed)
+	}
+}
+
+// closeWritten performs the close whose error frame was just written.
+func (s *session) closeWritten(c *closeReq) {
+	// A close the broker decides is worth an operator's notice, except a
+	// shutdown's, which is expected.
+	level := slog.LevelInfo
+	if c.code == protocol.CloseGoingAway {
+		level = slog.LevelDebug
+	}
+	s.log.Log(context.Background(), level, "closing client", "code", int(c.code), "reason", c.reason)
+	s.ws.Close(websocket.StatusCode(c.code), c.reason)
+	s.fail()
+}
+
+// handleClient serves GET /ws/v1/client: it upgrades the connection and
+// starts the session's goroutine. The caller has taken the connection's
+// place among those waiting to say hello (admitHello); the session gives it
+// back.
+func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
+	sess := &session{srv: s, id: newID()}
 	sess.log = s.log.With("session_id", sess.id)
 	sess.lastSeen.Store(s.clock.Now().UnixNano())
-	defer sess.leavePending()
 	// The hello deadline runs from before the upgrade: once a client has
 	// its 101, the timer that will close it is there (it queues the close
-	// for the writer, which starts below).
+	// for the writer, which can start below).
 	hello := s.clock.AfterFunc(s.cfg.HelloTimeout, func() {
 		sess.Close(protocol.CloseTimeout, "no hello within "+s.cfg.HelloTimeout.String())
 	})
-	defer hello.Stop()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		// The token travels in hello, never in a cookie, so a foreign origin
 		// gains nothing from opening a socket; extensions connect from
@@ -133,6 +331,8 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 		InsecureSkipVerify: true,
 	})
 	if err != nil {
+		hello.Stop()
+		sess.leavePending()
 		s.log.Debug("websocket accept", "err", err)
 		return
 	}
@@ -140,73 +340,86 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	// frame is answered with 4413 and an error frame rather than the
 	// library's own 1009.
 	ws.SetReadLimit(-1)
+	sess.mu.Lock()
 	sess.ws = ws
+	sess.mu.Unlock()
 	if !s.track(sess) {
+		hello.Stop()
+		sess.leavePending()
 		ws.Close(websocket.StatusGoingAway, "shutting down")
 		return
 	}
-	defer s.untrack(sess)
+	// The connection is hijacked, so the HTTP handler returns and the
+	// session goes on in a goroutine of its own: an idle session then
+	// holds the reader's shallow stack, not one under the HTTP server's
+	// and the router's frames. The server's wait group counts it (track).
+	go sess.run(context.WithoutCancel(r.Context()), hello)
+}
 
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+// run serves the session until its connection ends, then lets go of all
+// it holds.
+func (sess *session) run(parent context.Context, hello clockwork.Timer) {
+	s := sess.srv
+	defer s.untrack(sess)
+	defer sess.leavePending()
+	defer hello.Stop()
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	go sess.writeLoop(ctx)
+	defer func() {
+		// The HTTP server's recovery no longer covers the session: a panic
+		// ends this client, not the broker.
+		if v := recover(); v != nil {
+			sess.log.Error("client session panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			sess.ws.CloseNow()
+			s.stopBeating(sess)
+			sess.end()
+			if sess.att != nil {
+				s.reg.Disconnect(sess.att)
+			}
+		}
+	}()
+	sess.start(ctx)
 	sess.readLoop(ctx, hello)
-	select {
-	case <-sess.closing:
+	s.stopBeating(sess)
+	sess.mu.Lock()
+	closed := sess.closed
+	sess.mu.Unlock()
+	if closed != nil {
 		// The writer owes the client an error frame and a close frame; give
 		// it the time a write may take before cutting the connection.
 		t := s.clock.NewTimer(s.cfg.WriteTimeout + 5*time.Second)
 		select {
-		case <-sess.done:
+		case <-closed:
 		case <-t.Chan():
 		}
 		t.Stop()
-	default:
 	}
 	cancel()
-	<-sess.done
+	// Cut whatever is still being written, then wait for the writer and
+	// the pings.
+	sess.ws.CloseNow()
+	sess.end()
 	if sess.att != nil {
 		s.reg.Disconnect(sess.att)
 	}
 }
 
-func (s *session) writeLoop(ctx context.Context) {
-	defer close(s.done)
-	defer s.ws.CloseNow()
-	for {
-		var item outItem
-		select {
-		case <-ctx.Done():
-			return
-		case item = <-s.out:
-		}
-		if item.frame != nil {
-			b, err := protocol.Encode(item.frame)
-			if err != nil {
-				s.log.Error("encode frame", "err", err)
-				continue
-			}
-			wctx, cancel := context.WithTimeout(ctx, s.srv.cfg.WriteTimeout)
-			err = s.ws.Write(wctx, websocket.MessageText, b)
-			cancel()
-			if err != nil {
-				s.log.Debug("write frame", "err", err)
-				return
-			}
-			s.srv.tel.frame(item.frame.FrameType(), dirOut)
-		}
-		if item.close != nil {
-			// A close the broker decides is worth an operator's notice,
-			// except a shutdown's, which is expected.
-			level := slog.LevelInfo
-			if item.close.code == protocol.CloseGoingAway {
-				level = slog.LevelDebug
-			}
-			s.log.Log(ctx, level, "closing client", "code", int(item.close.code), "reason", item.close.reason)
-			s.ws.Close(websocket.StatusCode(item.close.code), item.close.reason)
-			return
-		}
+// getBuf and putBuf lend writers an encode buffer, so that an idle session
+// holds none.
+func (s *Server) getBuf() *[]byte {
+	if b, ok := s.bufs.Get().(*[]byte); ok {
+		*b = (*b)[:0]
+		return b
 	}
+	b := make([]byte, 0, 1024)
+	return &b
+}
+
+func (s *Server) putBuf(b *[]byte) {
+	if cap(*b) > 64<<10 {
+		return // a large frame's buffer is not worth keeping
+	}
+	s.bufs.Put(b)
 }
 
 // readLoop reads frames until the connection ends. hello is the timer
@@ -214,13 +427,18 @@ func (s *session) writeLoop(ctx context.Context) {
 func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 	max := int64(s.srv.cfg.MaxMessageBytes)
 	limit := newLimiter(s.srv.cfg.FrameRateLimit)
+	// The reader ends when the connection does; a context that is never
+	// done spares the library arming a cancellation for each frame.
+	rctx := context.WithoutCancel(ctx)
 	for {
-		typ, rd, err := s.ws.Reader(ctx)
+		typ, rd, err := s.ws.Reader(rctx)
 		if err != nil {
 			s.logReadEnd(err)
 			return
 		}
-		b, err := io.ReadAll(io.LimitReader(rd, max+1))
+		bp := s.srv.getBuf()
+		b, err := readFrame(rd, *bp, max+1)
+		*bp = b
 		if err != nil {
 			s.logReadEnd(err)
 			return
@@ -239,11 +457,18 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			return
 		}
 		f, err := protocol.Decode(b)
-		var unknown *protocol.UnknownTypeError
+		// A decoded frame does not refer to b; only a bad first frame is
+		// looked at again.
+		helloLike := false
+		if err != nil && s.att == nil {
+			_, helloLike = peekHello(b)
+		}
+		s.srv.putBuf(bp)
+		_, unknown := errors.AsType[*protocol.UnknownTypeError](err)
 		switch {
 		case err == nil:
 			s.srv.tel.frame(f.FrameType(), dirIn)
-		case errors.As(err, &unknown):
+		case unknown:
 			s.srv.tel.frame("unknown", dirIn)
 			if s.att == nil {
 				s.Close(protocol.CloseUnauthorized, "the first frame must be hello")
@@ -253,7 +478,7 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			continue
 		case err != nil:
 			if s.att == nil {
-				if _, isHello := peekHello(b); !isHello {
+				if !helloLike {
 					s.Close(protocol.CloseUnauthorized, "the first frame must be hello")
 					return
 				}
@@ -280,13 +505,36 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			if !s.hello(ctx, h) {
 				return
 			}
-			go s.heartbeat(ctx)
+			s.srv.startBeating(s)
 			continue
 		}
 		if !s.handle(ctx, f) {
 			return
 		}
 	}
+}
+
+// readFrame reads a message into b, up to limit bytes: a message longer
+// than limit comes back limit bytes long.
+func readFrame(r io.Reader, b []byte, limit int64) ([]byte, error) {
+	for int64(len(b)) < limit {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		window := b[len(b):cap(b)]
+		if rest := limit - int64(len(b)); int64(len(window)) > rest {
+			window = window[:rest]
+		}
+		n, err := r.Read(window)
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // peekHello tells whether a frame that failed to decode meant to be a hello,
@@ -304,11 +552,9 @@ func peekHello(b []byte) (string, bool) {
 // restarts often), or the broker itself ended the connection. Anything else
 // (a dropped TCP connection, a protocol error) is at info: a client lost.
 func (s *session) logReadEnd(err error) {
-	select {
-	case <-s.closing:
+	if s.closing() {
 		s.log.Debug("client connection ended by the broker", "err", err)
 		return
-	default:
 	}
 	switch websocket.CloseStatus(err) {
 	case websocket.StatusNormalClosure, websocket.StatusGoingAway:
@@ -377,32 +623,91 @@ func (s *session) handle(ctx context.Context, f protocol.Frame) bool {
 	return true
 }
 
-// heartbeat pings the client every heartbeat interval and closes it with
-// 4408 once it has been silent, answering no ping, for three intervals.
-// Each ping waits at most one interval for its pong.
-func (s *session) heartbeat(ctx context.Context) {
-	hb := s.srv.cfg.Heartbeat
-	t := s.srv.clock.NewTicker(hb)
+// The server runs one heartbeat loop for all its sessions, while any
+// session has said hello: every heartbeat interval it pings each one, from a
+// short-lived goroutine, and closes with 4408 a session that has been
+// silent, answering no ping, for three intervals. Each ping waits at most
+// one interval for its pong.
+
+// startBeating adds a session that said hello to the heartbeat loop,
+// starting the loop if it is the first.
+func (s *Server) startBeating(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !sess.beating.CompareAndSwap(false, true) {
+		return
+	}
+	s.beating++
+	if s.beatStop == nil {
+		s.beatStop = make(chan struct{})
+		stop := s.beatStop
+		// The session is tracked, so the wait group is above zero here.
+		s.wg.Go(func() { s.heartbeatLoop(stop) })
+	}
+}
+
+// stopBeating takes a session out of the heartbeat loop, and stops the loop
+// with the last one.
+func (s *Server) stopBeating(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !sess.beating.CompareAndSwap(true, false) {
+		return
+	}
+	s.beating--
+	if s.beating == 0 && s.beatStop != nil {
+		close(s.beatStop)
+		s.beatStop = nil
+	}
+}
+
+func (s *Server) heartbeatLoop(stop chan struct{}) {
+	hb := s.cfg.Heartbeat
+	t := s.clock.NewTicker(hb)
 	defer t.Stop()
+	var batch []*session
 	for {
 		select {
-		case <-ctx.Done():
+		case <-stop:
 			return
 		case <-t.Chan():
 		}
-		if s.srv.clock.Since(time.Unix(0, s.lastSeen.Load())) >= 3*hb {
-			s.Close(protocol.CloseTimeout, "no frame or pong for three heartbeats")
-			// A silent peer may take the close handshake's whole timeout:
-			// its contexts stop being live now, not when that ends.
-			s.srv.reg.Disconnect(s.att)
-			return
-		}
-		go func() {
-			pctx, cancel := context.WithTimeout(ctx, hb)
-			defer cancel()
-			if s.ws.Ping(pctx) == nil {
-				s.lastSeen.Store(s.srv.clock.Now().UnixNano())
+		s.mu.Lock()
+		for sess := range s.sessions {
+			if sess.beating.Load() {
+				batch = append(batch, sess)
 			}
-		}()
+		}
+		s.mu.Unlock()
+		for _, sess := range batch {
+			sess.beat(hb)
+		}
+		clear(batch)
+		batch = batch[:0]
 	}
+}
+
+// beat is one heartbeat of a session.
+func (s *session) beat(hb time.Duration) {
+	if s.srv.clock.Since(time.Unix(0, s.lastSeen.Load())) >= 3*hb {
+		s.srv.stopBeating(s)
+		s.Close(protocol.CloseTimeout, "no frame or pong for three heartbeats")
+		// A silent peer may take the close handshake's whole timeout: its
+		// contexts stop being live now, not when that ends.
+		s.srv.reg.Disconnect(s.att)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || s.ctx == nil {
+		return
+	}
+	ctx := s.ctx
+	s.goLocked(func() {
+		pctx, cancel := context.WithTimeout(ctx, hb)
+		defer cancel()
+		if s.ws.Ping(pctx) == nil {
+			s.lastSeen.Store(s.srv.clock.Now().UnixNano())
+		}
+	})
 }
