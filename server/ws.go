@@ -57,8 +57,9 @@ func (s *session) leavePending() {
 // outItem is a frame to write, or, with close set, the close to perform
 // after writing the frame that explains it.
 type outItem struct {
-	frame protocol.Frame
-	close *closeReq
+	frame   protocol.Frame
+	notices *registry.Notices // assignment notices, taken when written
+	close   *closeReq
 }
 
 type closeReq struct {
@@ -68,14 +69,21 @@ type closeReq struct {
 
 // Send queues f without blocking. When the queue is full the client is not
 // reading: the connection is dropped and Send answers false.
-func (s *session) Send(f protocol.Frame) bool {
+func (s *session) Send(f protocol.Frame) bool { return s.enqueue(outItem{frame: f}) }
+
+// Notify queues a batch of assignment notices (registry.NoticeConn): the
+// writer takes its frames when it comes to it, so a context's changes
+// decided meanwhile go out as one frame.
+func (s *session) Notify(n *registry.Notices) bool { return s.enqueue(outItem{notices: n}) }
+
+func (s *session) enqueue(item outItem) bool {
 	select {
 	case <-s.done:
 		return false
 	default:
 	}
 	select {
-	case s.out <- outItem{frame: f}:
+	case s.out <- item:
 		return true
 	default:
 		// Said once per client, not once per refused frame.
@@ -180,20 +188,15 @@ func (s *session) writeLoop(ctx context.Context) {
 			return
 		case item = <-s.out:
 		}
-		if item.frame != nil {
-			b, err := protocol.Encode(item.frame)
-			if err != nil {
-				s.log.Error("encode frame", "err", err)
-				continue
+		if item.notices != nil {
+			for _, f := range item.notices.Take() {
+				if !s.write(ctx, f) {
+					return
+				}
 			}
-			wctx, cancel := context.WithTimeout(ctx, s.srv.cfg.WriteTimeout)
-			err = s.ws.Write(wctx, websocket.MessageText, b)
-			cancel()
-			if err != nil {
-				s.log.Debug("write frame", "err", err)
-				return
-			}
-			s.srv.tel.frame(item.frame.FrameType(), dirOut)
+		}
+		if item.frame != nil && !s.write(ctx, item.frame) {
+			return
 		}
 		if item.close != nil {
 			// A close the broker decides is worth an operator's notice,
@@ -207,6 +210,24 @@ func (s *session) writeLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// write writes one frame; false when the connection failed.
+func (s *session) write(ctx context.Context, f protocol.Frame) bool {
+	b, err := protocol.Encode(f)
+	if err != nil {
+		s.log.Error("encode frame", "err", err)
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.srv.cfg.WriteTimeout)
+	err = s.ws.Write(wctx, websocket.MessageText, b)
+	cancel()
+	if err != nil {
+		s.log.Debug("write frame", "err", err)
+		return false
+	}
+	s.srv.tel.frame(f.FrameType(), dirOut)
+	return true
 }
 
 // readLoop reads frames until the connection ends. hello is the timer

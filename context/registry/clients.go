@@ -91,7 +91,7 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 		if !w.live && w.lease != nil {
 			// A lease held across a reconnect: the new connection has not
 			// heard of it, so the client is told again.
-			r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
+			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
 		}
 		w.live = true
 		r.refreshIdle(w)
@@ -133,7 +133,7 @@ func (r *Registry) disconnect(c *client) {
 // detach takes c's connection away; r.mu is held.
 func (r *Registry) detach(c *client) {
 	conn := c.conn
-	c.conn = nil
+	c.conn, c.notices = nil, nil
 	c.reported = false
 	for _, w := range c.contexts {
 		w.live = false
@@ -195,8 +195,8 @@ func (r *Registry) dropContext(w *wctx) {
 	for _, c := range w.queue {
 		if c.notice == nil {
 			kept = append(kept, c)
-		} else if conn := w.client.conn; conn != nil {
-			conn.Send(c.notice)
+		} else {
+			r.sendQueuedNotice(w.client, c.notice)
 		}
 	}
 	clear(w.queue[len(kept):])

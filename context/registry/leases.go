@@ -230,21 +230,9 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, no
 	r.refreshIdle(w)
 	r.leases[l.key] = l
 	r.pushDeadline(l)
-	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
 	r.emit(leaseEvent(LeaseAcquired, l))
 	return l.view(token), nil
-}
-
-// notify sends a frame about w to its client if it is connected, after
-// any command still waiting in w's queue; r.mu is held.
-func (r *Registry) notify(w *wctx, f protocol.Frame) {
-	if len(w.queue) > 0 {
-		w.queue = append(w.queue, &command{notice: f, durable: true})
-		return
-	}
-	if c := w.client; c.conn != nil {
-		c.conn.Send(f)
-	}
 }
 
 // endLease ends l for reason; r.mu is held. The context becomes idle again
@@ -263,7 +251,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev.Reason = reason
 	r.emit(ev)
 	r.endedLeases.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
-	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
 

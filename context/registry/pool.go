@@ -41,6 +41,10 @@ type client struct {
 	// so that a disconnect visits only them.
 	dispatched  map[*command]struct{}
 	connectedAt time.Time
+	// notices is the batch of assignment notices queued on conn and not
+	// yet written, which later changes update in place (notices.go); nil
+	// when there is none, or once a command was sent after it.
+	notices *Notices
 }
 
 // wctx is a worker context: a tab or a console flow.
