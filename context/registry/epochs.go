@@ -15,19 +15,41 @@ import (
 //
 // The store is never called under r.mu. The next block is reserved in the
 // background once half of the current one is issued, so that it is at hand
-// before the current one runs out; when it is not (the store does not
-// answer), an acquire fails at once with store_unavailable and starts
-// another reservation.
+// before the current one runs out. A block lasts at least about a second:
+// when blocks go faster, the next one reserved is twice as large (up to
+// maxEpochBlock), so a churn of acquires does not outrun the store's
+// reservations. When the block runs out all the same, an acquire waits for
+// the reservation under way, at most epochWait; when that does not bring
+// one (the store does not answer), it fails with store_unavailable.
 type epochRange struct {
 	next, limit int64 // next to issue; limit is one past the last reserved
+	// spareNext and spareLimit are a block reserved while the current one
+	// was not used up and that does not follow on from it (another replica
+	// reserved in between): it is used next. Empty when spareNext ==
+	// spareLimit.
+	spareNext, spareLimit int64
+	// size is how many epochs the next reservation asks for.
+	size int64
+	// lastRefill is when the last reservation started (monotonic).
+	lastRefill time.Time
 	// refill is not nil while a reservation runs, and closed when it ends.
 	refill chan struct{}
 	// err is how the last reservation failed; nil after one succeeded.
 	err error
 }
 
-// reserveTimeout bounds one reservation in the store.
-const reserveTimeout = 10 * time.Second
+const (
+	// reserveTimeout bounds one reservation in the store.
+	reserveTimeout = 10 * time.Second
+	// epochBlockLife is how long a block should last at least: a block
+	// used up faster makes the next reservation twice as large.
+	epochBlockLife = time.Second
+	// maxEpochBlock bounds the size a block can grow to.
+	maxEpochBlock = 1 << 22
+	// epochWait is how long an acquire that found the block empty waits
+	// for the reservation under way.
+	epochWait = 500 * time.Millisecond
+)
 
 // errNoEpochs is why an epoch cannot be issued while a reservation runs.
 var errNoEpochs = errors.New("no epoch is reserved: the next block is being reserved")
@@ -39,32 +61,42 @@ func (r *Registry) reserveFirst(ctx context.Context) error {
 		return cheetah.StoreUnavailable("registry: reserve epochs", err)
 	}
 	r.mu.Lock()
-	r.installEpochs(first)
+	r.epochs.size = r.cfg.EpochBlock
+	r.installEpochs(first, r.cfg.EpochBlock)
 	r.mu.Unlock()
 	return nil
 }
 
-// installEpochs takes a newly reserved block; r.mu is held. A block reserved
-// later always lies above an earlier one, so the rest of the current block is
-// kept and the new one only extends the limit when it follows on.
-func (r *Registry) installEpochs(first int64) {
+// installEpochs takes a newly reserved block of n epochs; r.mu is held. A
+// block reserved later always lies above an earlier one, so the rest of the
+// current block is kept: the new one extends it when it follows on, and is
+// kept aside for when it is used up otherwise.
+func (r *Registry) installEpochs(first, n int64) {
 	e := &r.epochs
 	switch {
 	case first < e.limit:
 		// Below a block already in use: issuing from it would go backwards.
 	case first == e.limit:
-		e.limit = first + r.cfg.EpochBlock
+		e.limit = first + n
 	case e.next >= e.limit:
-		e.next, e.limit = first, first+r.cfg.EpochBlock
+		e.next, e.limit = first, first+n
+	default:
+		e.spareNext, e.spareLimit = first, first+n
 	}
 }
 
 // nextEpoch issues an epoch; r.mu is held. It never calls the store: when
 // the block runs low it starts reserving the next one in the background,
-// and when it is empty it fails with store_unavailable.
+// and when it is empty it fails with store_unavailable (see awaitEpochs).
 func (r *Registry) nextEpoch() (int64, error) {
 	e := &r.epochs
+	if e.next >= e.limit && e.spareNext < e.spareLimit {
+		e.next, e.limit = e.spareNext, e.spareLimit
+		e.spareNext, e.spareLimit = 0, 0
+	}
 	if e.next >= e.limit {
+		// Used up before the next block came: the blocks are too small.
+		e.size = min(2*e.size, maxEpochBlock)
 		r.refillEpochs()
 		why := e.err
 		if why == nil {
@@ -74,7 +106,7 @@ func (r *Registry) nextEpoch() (int64, error) {
 	}
 	n := e.next
 	e.next++
-	if e.limit-e.next <= r.cfg.EpochBlock/2 {
+	if e.limit-e.next <= e.size/2 && e.spareNext == e.spareLimit {
 		r.refillEpochs()
 	}
 	return n, nil
@@ -88,20 +120,26 @@ func (r *Registry) refillEpochs() {
 	if e.refill != nil || r.closed {
 		return
 	}
+	now := time.Now()
+	if !e.lastRefill.IsZero() && now.Sub(e.lastRefill) < epochBlockLife {
+		e.size = min(2*e.size, maxEpochBlock)
+	}
+	e.lastRefill = now
+	n := max(e.size, r.cfg.EpochBlock)
 	done := make(chan struct{})
 	e.refill = done
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		ctx, cancel := context.WithTimeout(r.bg, reserveTimeout)
-		first, err := r.store.ReserveEpochs(ctx, r.cfg.EpochBlock)
+		first, err := r.store.ReserveEpochs(ctx, n)
 		cancel()
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if err != nil {
 			r.log.Warn("reserve epochs", "err", err)
 		} else {
-			r.installEpochs(first)
+			r.installEpochs(first, n)
 		}
 		e.err = err
 		e.refill = nil
@@ -112,14 +150,15 @@ func (r *Registry) refillEpochs() {
 // ReserveEpochs makes sure a block of epochs is at hand: it waits for the
 // reservation under way, if any, and when the block is still empty starts
 // one of its own and waits for it; it fails with store_unavailable when
-// that one could not reserve. An acquire never waits for the store; this is
-// for whoever would rather wait (a test, a start after an outage).
+// that one could not reserve. An acquire waits at most epochWait for a
+// reservation; this is for whoever would rather wait (a test, a start after
+// an outage).
 func (r *Registry) ReserveEpochs(ctx context.Context) error {
 	e := &r.epochs
 	started := false
 	for {
 		r.mu.Lock()
-		if e.refill == nil && e.next < e.limit {
+		if e.refill == nil && (e.next < e.limit || e.spareNext < e.spareLimit) {
 			r.mu.Unlock()
 			return nil
 		}
@@ -146,4 +185,26 @@ func (r *Registry) ReserveEpochs(ctx context.Context) error {
 			return cheetah.StoreUnavailable("registry: reserve epochs", ctx.Err())
 		}
 	}
+}
+
+// awaitEpochs waits, after an epoch could not be issued, for the
+// reservation under way, at most epochWait; r.mu is held, and released
+// while it waits. It reports whether one ran, so that trying again may
+// succeed.
+func (r *Registry) awaitEpochs(ctx context.Context) bool {
+	done := r.epochs.refill
+	if done == nil {
+		return false
+	}
+	r.mu.Unlock()
+	defer r.mu.Lock()
+	t := time.NewTimer(epochWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }

@@ -87,13 +87,23 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	}
 	token := newToken()
 	r.mu.Lock()
-	if r.draining {
-		r.mu.Unlock()
-		return cheetah.Lease{}, errShuttingDown
-	}
-	p := r.poolFor(req.UserID)
-	if w := r.pickIdle(p, req); w != nil {
+	var p *pool
+	for retried := false; ; retried = true {
+		if r.draining {
+			r.mu.Unlock()
+			return cheetah.Lease{}, errShuttingDown
+		}
+		p = r.poolFor(req.UserID)
+		w := r.pickIdle(p, req)
+		if w == nil {
+			break
+		}
 		l, err := r.assign(w, req, token, r.clock.Now(), sc)
+		if err != nil && !retried && r.awaitEpochs(ctx) {
+			// The block ran out under a burst: the next one was being
+			// reserved, and is now at hand.
+			continue
+		}
 		r.mu.Unlock()
 		return l, err
 	}

@@ -75,7 +75,8 @@ type Config struct {
 	// late use can be told why (10 min). EndedMax bounds that memory.
 	EndedMemory time.Duration
 	EndedMax    int
-	// EpochBlock is how many epochs are reserved in the store at a time.
+	// EpochBlock is how many epochs are reserved in the store at a time,
+	// at least (1,024): blocks used up in less than a second grow.
 	EpochBlock int64
 	// MaxMessageBytes bounds a command frame (4 MiB).
 	MaxMessageBytes int
