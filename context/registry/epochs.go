@@ -95,8 +95,6 @@ func (r *Registry) nextEpoch() (int64, error) {
 		e.spareNext, e.spareLimit = 0, 0
 	}
 	if e.next >= e.limit {
-		// Used up before the next block came: the blocks are too small.
-		e.size = min(2*e.size, maxEpochBlock)
 		r.refillEpochs()
 		why := e.err
 		if why == nil {
@@ -188,23 +186,31 @@ func (r *Registry) ReserveEpochs(ctx context.Context) error {
 }
 
 // awaitEpochs waits, after an epoch could not be issued, for the
-// reservation under way, at most epochWait; r.mu is held, and released
-// while it waits. It reports whether one ran, so that trying again may
-// succeed.
-func (r *Registry) awaitEpochs(ctx context.Context) bool {
+// reservation under way, until deadline at the latest (the first call sets
+// it to epochWait from now); r.mu is held, and released while it waits. It
+// reports whether a reservation succeeded meanwhile, so that trying again
+// may succeed (other acquires may use the new block up first: the caller
+// tries again until the deadline).
+func (r *Registry) awaitEpochs(ctx context.Context, deadline *time.Time) bool {
 	done := r.epochs.refill
 	if done == nil {
 		return false
 	}
+	if deadline.IsZero() {
+		*deadline = time.Now().Add(epochWait)
+	}
+	wait := time.Until(*deadline)
+	if wait <= 0 {
+		return false
+	}
 	r.mu.Unlock()
-	defer r.mu.Lock()
-	t := time.NewTimer(epochWait)
-	defer t.Stop()
+	t := time.NewTimer(wait)
 	select {
 	case <-done:
-		return true
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	return false
+	t.Stop()
+	r.mu.Lock()
+	return r.epochs.err == nil && ctx.Err() == nil && time.Now().Before(*deadline)
 }

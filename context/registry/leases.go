@@ -88,7 +88,8 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	token := newToken()
 	r.mu.Lock()
 	var p *pool
-	for retried := false; ; retried = true {
+	var deadline time.Time // of the wait for epochs, once one was needed
+	for {
 		if r.draining {
 			r.mu.Unlock()
 			return cheetah.Lease{}, errShuttingDown
@@ -99,7 +100,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 			break
 		}
 		l, err := r.assign(w, req, token, r.clock.Now(), sc)
-		if err != nil && !retried && r.awaitEpochs(ctx) {
+		if err != nil && r.awaitEpochs(ctx, &deadline) {
 			// The block ran out under a burst: the next one was being
 			// reserved, and is now at hand.
 			continue
