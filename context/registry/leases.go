@@ -32,16 +32,28 @@ type lease struct {
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
-// late user why.
+// late user why. It is small and holds one pointer: the memory of ended
+// leases is large (EndedMax) and written on every release, under the lock.
 type endedLease struct {
-	userID, clientID, contextID string
-	reason                      cheetah.LostReason
+	at     *ctxIdent // where it was
+	reason cheetah.LostReason
+}
+
+// ctxIdent names a context, shared by every ended lease of it.
+type ctxIdent struct{ userID, clientID, contextID string }
+
+// identOf returns w's ident, made once per context; r.mu is held.
+func identOf(w *wctx) *ctxIdent {
+	if w.ident == nil {
+		w.ident = &ctxIdent{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id}
+	}
+	return w.ident
 }
 
 type waiter struct {
 	req   cheetah.AcquireRequest
 	token string
-	sc    trace.SpanContext  // the acquire's span
+	l     *lease             // the lease it will get, made off the lock
 	ch    chan acquireResult // buffered: the hand-off never blocks
 	elem  *list.Element
 }
@@ -85,7 +97,9 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	if err := r.store.Health(); err != nil {
 		return cheetah.Lease{}, fmt.Errorf("registry: acquire: %w", err)
 	}
+	// The token, its digest and the lease are made off the lock.
 	token := newToken()
+	nl := &lease{key: keyOf(token), heapIndex: -1, acquired: sc}
 	r.mu.Lock()
 	var p *pool
 	var deadline time.Time // of the wait for epochs, once one was needed
@@ -99,7 +113,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		if w == nil {
 			break
 		}
-		l, err := r.assign(w, req, token, r.clock.Now(), sc)
+		l, err := r.assign(w, req, nl, token, r.clock.Now())
 		if err != nil && r.awaitEpochs(ctx, &deadline) {
 			// The block ran out under a burst: the next one was being
 			// reserved, and is now at hand.
@@ -114,7 +128,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		r.mu.Unlock()
 		return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
 	}
-	wt := &waiter{req: *req, token: token, sc: sc, ch: make(chan acquireResult, 1)}
+	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1)}
 	wt.elem = p.waiters.PushBack(wt)
 	r.mu.Unlock()
 
@@ -135,7 +149,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		// went away would never learn of it, so it goes back at once.
 		res := <-wt.ch
 		if cause != nil && res.err == nil {
-			r.release(res.lease)
+			r.release(keyOf(res.lease.LeaseToken), res.lease)
 			return cheetah.Lease{}, cause
 		}
 		return res.lease, res.err
@@ -226,23 +240,23 @@ func (r *Registry) missReason(p *pool, req *cheetah.AcquireRequest) cheetah.NoCo
 	return cheetah.ReasonNoIdleWorker
 }
 
-// assign gives idle context w a new lease; r.mu is held.
-func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, now time.Time, sc trace.SpanContext) (cheetah.Lease, error) {
+// assign gives idle context w the new lease l, made off the lock with its
+// key and span (token is the one whose digest l.key is); r.mu is held.
+func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token string, now time.Time) (cheetah.Lease, error) {
 	epoch, err := r.nextEpoch()
 	if err != nil {
 		return cheetah.Lease{}, err
 	}
-	l := &lease{
-		key: keyOf(token), ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
-		expiresAt: now.Add(req.TTL), renewOnUse: req.RenewOnUse == nil || *req.RenewOnUse,
-		heapIndex: -1, acquired: sc,
-	}
+	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
+	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
 	w.lease = l
 	r.refreshIdle(w)
 	r.leases[l.key] = l
 	r.pushDeadline(l)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
-	r.emit(leaseEvent(LeaseAcquired, l))
+	ev := leaseEvent(LeaseAcquired, l)
+	ev.At = now
+	r.emit(ev)
 	return l.view(token), nil
 }
 
@@ -258,10 +272,11 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
+	now := r.clock.Now()
 	ev := leaseEvent(LeaseEnded, l)
-	ev.Reason = reason
+	ev.Reason, ev.At = reason, now
 	r.emit(ev)
-	r.endedLeases.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
+	r.endedLeases.put(l.key, endedLease{at: identOf(w), reason: reason}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
@@ -315,12 +330,7 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 	if !ok {
 		return cheetah.LostUnknownLease
 	}
-	var w *wctx
-	if p := r.users[e.userID]; p != nil {
-		if c := p.clients[e.clientID]; c != nil {
-			w = c.contexts[e.contextID]
-		}
-	}
+	w := r.findContext(e.at.userID, e.at.clientID, e.at.contextID)
 	switch {
 	case w == nil:
 		return cheetah.LostContextGone
@@ -367,13 +377,15 @@ func (r *Registry) extend(l *lease, now time.Time) {
 // Release clears the lease if its context still carries it, live or not.
 // It reports whether it did; it never fails with lease_lost.
 func (r *Registry) Release(_ context.Context, h cheetah.Lease) (bool, error) {
+	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.release(h), nil
+	return r.release(key, h), nil
 }
 
-func (r *Registry) release(h cheetah.Lease) bool {
-	l := r.leases[keyOf(h.LeaseToken)]
+// release ends the lease of digest key if h holds it; r.mu is held.
+func (r *Registry) release(key tokenKey, h cheetah.Lease) bool {
+	l := r.leases[key]
 	if l == nil || !sameHolder(l, h) {
 		return false
 	}
@@ -383,11 +395,15 @@ func (r *Registry) release(h cheetah.Lease) bool {
 
 // ReleaseAll releases every token and returns how many leases it cleared.
 func (r *Registry) ReleaseAll(_ context.Context, tokens []string) (int, error) {
+	keys := make([]tokenKey, len(tokens))
+	for i, t := range tokens {
+		keys[i] = keyOf(t)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, t := range tokens {
-		if r.release(cheetah.Lease{LeaseToken: t}) {
+	for i := range tokens {
+		if r.release(keys[i], cheetah.Lease{LeaseToken: tokens[i]}) {
 			n++
 		}
 	}

@@ -65,6 +65,8 @@ type wctx struct {
 	queue []*command
 	// inflight counts this context's commands admitted and not yet ended.
 	inflight int
+	// ident names it in the memory of ended leases (made on first use).
+	ident *ctxIdent
 }
 
 func (r *Registry) poolFor(userID string) *pool {
@@ -146,7 +148,7 @@ func (r *Registry) refreshIdle(w *wctx) {
 		if w.matches(&wt.req) {
 			p.waiters.Remove(e)
 			wt.elem = nil
-			l, err := r.assign(w, &wt.req, wt.token, now, wt.sc)
+			l, err := r.assign(w, &wt.req, wt.l, wt.token, now)
 			wt.ch <- acquireResult{lease: l, err: err}
 			if err == nil {
 				return
