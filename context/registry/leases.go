@@ -209,8 +209,8 @@ func (r *Registry) pickIdle(p *pool, req *cheetah.AcquireRequest) *wctx {
 	if lst == nil {
 		return nil
 	}
-	for e := lst.Front(); e != nil; e = e.Next() {
-		if w := e.Value.(*wctx); w.matches(req) {
+	for w := lst.head; w != nil; w = w.idleNext {
+		if w.matches(req) {
 			return w
 		}
 	}
