@@ -84,7 +84,7 @@ func (l *lease) view(token string) cheetah.Lease {
 // application is better told at once that the broker cannot work than
 // handed a lease that fails on first use.
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
-	ctx, span := r.tel.tracer.Start(ctx, "cheetah.acquire")
+	ctx, span := r.tel.startAcquire(ctx)
 	l, err := r.acquire(ctx, &req, span.SpanContext())
 	r.tel.acquired(ctx, span, &req, l, err)
 	return l, err

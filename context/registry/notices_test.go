@@ -285,8 +285,11 @@ func TestNoticesPrecedeTheirCommands(t *testing.T) {
 	require.Zero(t, e.reg.Stats().Leases)
 }
 
-// An acquire and its release into an open batch of notices allocate little:
-// nothing per change for the notice itself.
+// An acquire and its release into an open batch of notices allocate little,
+// and nothing under the registry's lock: the token, the lease and the
+// acquire's metric attributes, all made off the lock (3; one more under the
+// race detector). The idle list, the notice, the memory of ended leases and
+// the event queue allocate nothing per pair once warm.
 func TestAcquireReleaseAllocs(t *testing.T) {
 	e := setup(t, func(c *registry.Config) { c.EpochBlock = 1 << 20 })
 	conn := &heldConn{}
@@ -304,7 +307,7 @@ func TestAcquireReleaseAllocs(t *testing.T) {
 		}
 	})
 	t.Logf("%.1f allocations per acquire+release pair", allocs)
-	require.LessOrEqual(t, allocs, float64(6))
+	require.LessOrEqual(t, allocs, float64(4))
 }
 
 // heldConn keeps every batch of notices open: nothing is ever written.
