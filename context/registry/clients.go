@@ -50,6 +50,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	}
 	c.typ, c.name, c.version, c.labels = info.Type, info.Name, info.Version, info.Labels
 	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
+	c.nconn, _ = conn.(NoticeConn)
 	c.reported = false
 	c.connectedAt = r.clock.Now()
 	// The grace keeps running until the first state report, so a client that
@@ -133,7 +134,7 @@ func (r *Registry) disconnect(c *client) {
 // detach takes c's connection away; r.mu is held.
 func (r *Registry) detach(c *client) {
 	conn := c.conn
-	c.conn, c.notices = nil, nil
+	c.conn, c.nconn, c.notices = nil, nil, nil
 	c.reported = false
 	for _, w := range c.contexts {
 		w.live = false

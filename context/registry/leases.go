@@ -36,7 +36,32 @@ type lease struct {
 // leases is large (EndedMax) and written on every release, under the lock.
 type endedLease struct {
 	at     *ctxIdent // where it was
-	reason cheetah.LostReason
+	reason endReason
+}
+
+// endReason is how a lease ended, in a byte: see endReasons.
+type endReason uint8
+
+// endReasons are the reasons a lease ends with, by endReason.
+var endReasons = [...]cheetah.LostReason{cheetah.LostReleased, cheetah.LostExpired, cheetah.LostRevoked, cheetah.LostContextGone}
+
+func endReasonOf(r cheetah.LostReason) endReason {
+	for i, x := range endReasons {
+		if x == r {
+			return endReason(i)
+		}
+	}
+	panic(fmt.Sprintf("registry: a lease cannot end with reason %q", r))
+}
+
+// endedKey is how the memory of ended leases knows a lease: the first half
+// of its token's digest. 128 bits tell apart the leases it remembers as
+// surely as 256, in half the memory (it is the registry's largest).
+type endedKey [16]byte
+
+func (k tokenKey) ended() (e endedKey) {
+	copy(e[:], k[:16])
+	return e
 }
 
 // ctxIdent names a context, shared by every ended lease of it.
@@ -276,7 +301,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev := leaseEvent(LeaseEnded, l)
 	ev.Reason, ev.At = reason, now
 	r.emit(ev)
-	r.endedLeases.put(l.key, endedLease{at: identOf(w), reason: reason}, now)
+	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
@@ -326,7 +351,7 @@ func sameHolder(l *lease, h cheetah.Lease) bool {
 // lostReason describes, for a token that carries no active lease, its
 // context as it is now: first match wins; r.mu is held.
 func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
-	e, ok := r.endedLeases.get(key)
+	e, ok := r.endedLeases.get(key.ended())
 	if !ok {
 		return cheetah.LostUnknownLease
 	}
@@ -341,7 +366,7 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 	case w.lease != nil:
 		return cheetah.LostReassigned
 	}
-	return e.reason
+	return endReasons[e.reason]
 }
 
 // Renew extends the lease from now by ttl, or by its own TTL when ttl is

@@ -155,8 +155,8 @@ func (r *Registry) sendNotice(c *client, a protocol.Assignment) {
 	if conn == nil {
 		return
 	}
-	nc, ok := conn.(NoticeConn)
-	if !ok {
+	nc := c.nconn
+	if nc == nil {
 		f := a // only this path allocates the frame
 		conn.Send(&f)
 		return

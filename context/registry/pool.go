@@ -45,6 +45,8 @@ type client struct {
 	// yet written, which later changes update in place (notices.go); nil
 	// when there is none, or once a command was sent after it.
 	notices *Notices
+	// nconn is conn as a NoticeConn, when it is one (nil otherwise).
+	nconn NoticeConn
 }
 
 // wctx is a worker context: a tab or a console flow.

@@ -150,7 +150,7 @@ type Registry struct {
 	users       map[string]*pool
 	leases      map[tokenKey]*lease         // active leases by token digest
 	heap        leaseHeap                   // active leases that may expire, by deadline
-	endedLeases *memo[tokenKey, endedLease] // how recent leases ended, by token digest
+	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
 	commands    map[string]*command
 	// ending holds the commands that ended and whose end is not durable yet.
 	ending        map[*command]struct{}
@@ -193,7 +193,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		log:           cfg.Log,
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
-		endedLeases:   newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		endedLeases:   newMemo[endedKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
 		commands:      map[string]*command{},
 		ending:        map[*command]struct{}{},
 		endedCommands: newMemo[string, endedCommand](cfg.EndedMemory, cfg.EndedMax),
