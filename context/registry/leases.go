@@ -309,7 +309,12 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 // check finds the active lease of handle h and confirms its context is live
 // and worker-owned; r.mu is held. This is the ownership check of invariant 2.
 func (r *Registry) check(h cheetah.Lease) (*lease, error) {
-	l, err := r.checkLease(h)
+	return r.checkKey(keyOf(h.LeaseToken), h)
+}
+
+// checkKey is check with the digest of h's token made off the lock.
+func (r *Registry) checkKey(key tokenKey, h cheetah.Lease) (*lease, error) {
+	l, err := r.checkLease(key, h)
 	if err != nil {
 		if ll, ok := err.(*cheetah.LeaseLostError); ok {
 			r.tel.lost(ll.Reason)
@@ -318,8 +323,7 @@ func (r *Registry) check(h cheetah.Lease) (*lease, error) {
 	return l, err
 }
 
-func (r *Registry) checkLease(h cheetah.Lease) (*lease, error) {
-	key := keyOf(h.LeaseToken)
+func (r *Registry) checkLease(key tokenKey, h cheetah.Lease) (*lease, error) {
 	l := r.leases[key]
 	if l == nil {
 		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(key)}
@@ -375,9 +379,10 @@ func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) 
 	if ttl != 0 && !validTTL(ttl) {
 		return cheetah.Lease{}, cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
+	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	l, err := r.check(h)
+	l, err := r.checkKey(key, h)
 	if err != nil {
 		return cheetah.Lease{}, err
 	}
