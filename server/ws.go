@@ -83,8 +83,11 @@ func (s *session) leavePending() {
 // against the queue's byte bound.
 type outItem struct {
 	frame protocol.Frame
-	close *closeReq
-	size  int
+	// notices, instead of a frame, is a batch of assignment notices whose
+	// frames are taken when the writer comes to it (registry.NoticeConn).
+	notices *registry.Notices
+	close   *closeReq
+	size    int
 }
 
 type closeReq struct {
@@ -113,7 +116,23 @@ func frameSize(f protocol.Frame) int {
 // Send queues f without blocking. When the queue is over its bound the
 // client is not reading: the connection is dropped and Send answers false.
 func (s *session) Send(f protocol.Frame) bool {
-	size := frameSize(f)
+	return s.enqueue(outItem{frame: f, size: frameSize(f)})
+}
+
+// noticesSize is what a batch of assignment notices counts against the
+// queue's byte bound: it holds at most two small frames per context.
+const noticesSize = 512
+
+// Notify queues a batch of assignment notices (registry.NoticeConn) without
+// blocking: the writer takes its frames when it comes to it, so the changes
+// of a context decided meanwhile go out as one frame.
+func (s *session) Notify(n *registry.Notices) bool {
+	return s.enqueue(outItem{notices: n, size: noticesSize})
+}
+
+// enqueue queues it, or drops a client over the queue's bounds.
+func (s *session) enqueue(it outItem) bool {
+	size := it.size
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dead || s.closeSet {
@@ -129,7 +148,7 @@ func (s *session) Send(f protocol.Frame) bool {
 		s.goLocked(func() { s.ws.CloseNow() })
 		return false
 	}
-	s.pushLocked(outItem{frame: f, size: size})
+	s.pushLocked(it)
 	return true
 }
 
@@ -242,7 +261,16 @@ func (s *session) writeLoop() {
 		for i := range batch {
 			it := &batch[i]
 			bytes += it.size
-			if !s.write(timer, it, buf) {
+			if it.notices != nil {
+				for _, f := range it.notices.Take() {
+					if !s.write(timer, f, buf) {
+						s.fail()
+						return
+					}
+				}
+				continue
+			}
+			if !s.write(timer, it.frame, buf) {
 				s.fail()
 				return
 			}
@@ -264,9 +292,9 @@ func (s *session) writeLoop() {
 
 // write encodes and writes one frame within the write timeout. It answers
 // false when the connection is broken.
-func (s *session) write(timer *time.Timer, it *outItem, buf *[]byte) bool {
+func (s *session) write(timer *time.Timer, f protocol.Frame, buf *[]byte) bool {
 	var err error
-	*buf, err = protocol.Append((*buf)[:0], it.frame)
+	*buf, err = protocol.Append((*buf)[:0], f)
 	if err != nil {
 		s.log.Error("encode frame", "err", err)
 		return true
@@ -278,7 +306,7 @@ func (s *session) write(timer *time.Timer, it *outItem, buf *[]byte) bool {
 		s.log.Debug("write frame", "err", err)
 		return false
 	}
-	s.srv.tel.frame(it.frame.FrameType(), dirOut)
+	s.srv.tel.frame(f.FrameType(), dirOut)
 	return true
 }
 

@@ -3,7 +3,11 @@ package registry_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 
@@ -47,4 +51,69 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkChurn64 is the churn of the benchmark harness in process: 64
+// acquirers over 1,000 contexts (16 per client), each acquiring a context
+// and releasing it back to back. It reports the pair's p99 latency. The
+// clients' connections carry coalesced notices, as the server's do, and
+// never write them.
+func BenchmarkChurn64(b *testing.B) {
+	store := historytest.NewSQLite(b)
+	reg, err := registry.New(context.Background(), registry.Config{Store: store, Clock: clockwork.NewRealClock()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reg.Close()
+	for i := range 63 {
+		var reps []protocol.ContextReport
+		for j := range 16 {
+			reps = append(reps, protocol.ContextReport{ContextID: fmt.Sprintf("w%d", j), Owner: protocol.OwnerWorker})
+		}
+		att := reg.Connect(registry.ClientInfo{UserID: user, ClientID: fmt.Sprintf("c%d", i), Type: cheetah.Console}, heldConn{})
+		reg.Report(att, reps)
+	}
+	req := cheetah.AcquireRequest{UserID: user, TaskID: "bench", ClientType: cheetah.Console}
+	ctx := context.Background()
+	const acquirers = 64
+	var mu sync.Mutex
+	var lats []time.Duration
+	var failed atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := b.N/acquirers + 1
+	for range acquirers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := make([]time.Duration, 0, per)
+			for range per {
+				start := time.Now()
+				l, err := reg.Acquire(ctx, req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				if _, err := reg.Release(ctx, l); err != nil {
+					b.Error(err)
+					return
+				}
+				mine = append(mine, time.Since(start))
+			}
+			mu.Lock()
+			lats = append(lats, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Errorf("%d acquires failed", n)
+	}
+	slices.Sort(lats)
+	if len(lats) > 0 {
+		b.ReportMetric(float64(lats[len(lats)*99/100].Microseconds()), "p99-µs")
+		b.ReportMetric(float64(lats[len(lats)/2].Nanoseconds())/1000, "p50-µs")
+	}
 }

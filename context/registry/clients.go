@@ -50,6 +50,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	}
 	c.typ, c.name, c.version, c.labels = info.Type, info.Name, info.Version, info.Labels
 	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
+	c.nconn, _ = conn.(NoticeConn)
 	c.reported = false
 	c.connectedAt = r.clock.Now()
 	// The grace keeps running until the first state report, so a client that
@@ -91,7 +92,7 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 		if !w.live && w.lease != nil {
 			// A lease held across a reconnect: the new connection has not
 			// heard of it, so the client is told again.
-			r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
+			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
 		}
 		w.live = true
 		r.refreshIdle(w)
@@ -133,7 +134,7 @@ func (r *Registry) disconnect(c *client) {
 // detach takes c's connection away; r.mu is held.
 func (r *Registry) detach(c *client) {
 	conn := c.conn
-	c.conn = nil
+	c.conn, c.nconn, c.notices = nil, nil, nil
 	c.reported = false
 	for _, w := range c.contexts {
 		w.live = false
@@ -195,8 +196,8 @@ func (r *Registry) dropContext(w *wctx) {
 	for _, c := range w.queue {
 		if c.notice == nil {
 			kept = append(kept, c)
-		} else if conn := w.client.conn; conn != nil {
-			conn.Send(c.notice)
+		} else {
+			r.sendQueuedNotice(w.client, c.notice)
 		}
 	}
 	clear(w.queue[len(kept):])

@@ -444,9 +444,7 @@ func (r *Registry) flushQueue(w *wctx) {
 		w.queue[0] = nil
 		w.queue = w.queue[1:]
 		if c.notice != nil {
-			if conn := w.client.conn; conn != nil {
-				conn.Send(c.notice)
-			}
+			r.sendQueuedNotice(w.client, c.notice)
 			continue
 		}
 		if r.commands[c.rec.CommandID] != c {
@@ -474,6 +472,7 @@ func (r *Registry) flushQueue(w *wctx) {
 				r.endCommand(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)}, nil)
 			})
 		}
+		sealNotices(w.client) // later notices follow the command
 		if !conn.Send(c.frame) {
 			// The connection's queue is full: it is closing itself, and the
 			// command ends with it.

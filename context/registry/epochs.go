@@ -15,49 +15,62 @@ import (
 //
 // The store is never called under r.mu. The next block is reserved in the
 // background once half of the current one is issued, so that it is at hand
-// before the current one runs out. When it is not, an acquire waits for the
-// reservation under way outside the lock (ReserveEpochs) and fails with
-// store_unavailable only when that fails; a hand-over to a waiting acquire
-// fails at once. A block that ran out makes the next one twice as large, up
-// to maxEpochBlock, so that a burst of acquires soon finds its epochs at
-// hand however fast the store answers.
+// before the current one runs out. A block lasts at least about a second:
+// when blocks go faster, the next one reserved is twice as large (up to
+// maxEpochBlock), so a churn of acquires does not outrun the store's
+// reservations. When the block runs out all the same, an acquire waits for
+// the reservation under way, at most epochWait; when that does not bring
+// one (the store does not answer), it fails with store_unavailable.
 type epochRange struct {
 	next, limit int64 // next to issue; limit is one past the last reserved
+	// spareNext and spareLimit are a block reserved while the current one
+	// was not used up and that does not follow on from it (another replica
+	// reserved in between): it is used next. Empty when spareNext ==
+	// spareLimit.
+	spareNext, spareLimit int64
 	// size is how many epochs the next reservation asks for.
 	size int64
+	// lastRefill is when the last reservation started (monotonic).
+	lastRefill time.Time
 	// refill is not nil while a reservation runs, and closed when it ends.
 	refill chan struct{}
 	// err is how the last reservation failed; nil after one succeeded.
 	err error
 }
 
-// reserveTimeout bounds one reservation in the store.
-const reserveTimeout = 10 * time.Second
-
-// maxEpochBlock bounds how large a block of epochs grows. A restart
-// abandons what is left of its block: a million epochs out of 2^63.
-const maxEpochBlock = 1 << 20
+const (
+	// reserveTimeout bounds one reservation in the store.
+	reserveTimeout = 10 * time.Second
+	// epochBlockLife is how long a block should last at least: a block
+	// used up faster makes the next reservation twice as large.
+	epochBlockLife = time.Second
+	// maxEpochBlock bounds the size a block can grow to.
+	maxEpochBlock = 1 << 22
+	// epochWait is how long an acquire that found the block empty waits
+	// for the reservation under way.
+	epochWait = 500 * time.Millisecond
+)
 
 // errNoEpochs is why an epoch cannot be issued while a reservation runs.
 var errNoEpochs = errors.New("no epoch is reserved: the next block is being reserved")
 
 // reserveFirst reserves the registry's first block, before it runs.
 func (r *Registry) reserveFirst(ctx context.Context) error {
-	r.epochs.size = r.cfg.EpochBlock
-	first, err := r.store.ReserveEpochs(ctx, r.epochs.size)
+	first, err := r.store.ReserveEpochs(ctx, r.cfg.EpochBlock)
 	if err != nil {
 		return cheetah.StoreUnavailable("registry: reserve epochs", err)
 	}
 	r.mu.Lock()
-	r.installEpochs(first, r.epochs.size)
+	r.epochs.size = r.cfg.EpochBlock
+	r.installEpochs(first, r.cfg.EpochBlock)
 	r.mu.Unlock()
 	return nil
 }
 
 // installEpochs takes a newly reserved block of n epochs; r.mu is held. A
 // block reserved later always lies above an earlier one, so the rest of the
-// current block is kept and the new one only extends the limit when it
-// follows on.
+// current block is kept: the new one extends it when it follows on, and is
+// kept aside for when it is used up otherwise.
 func (r *Registry) installEpochs(first, n int64) {
 	e := &r.epochs
 	switch {
@@ -67,22 +80,21 @@ func (r *Registry) installEpochs(first, n int64) {
 		e.limit = first + n
 	case e.next >= e.limit:
 		e.next, e.limit = first, first+n
+	default:
+		e.spareNext, e.spareLimit = first, first+n
 	}
-}
-
-// ranOut records that the block was found empty; r.mu is held. The next
-// reservation asks for twice as many.
-func (r *Registry) ranOut() {
-	r.epochs.size = min(2*r.epochs.size, max(maxEpochBlock, r.cfg.EpochBlock))
 }
 
 // nextEpoch issues an epoch; r.mu is held. It never calls the store: when
 // the block runs low it starts reserving the next one in the background,
-// and when it is empty it fails with store_unavailable.
+// and when it is empty it fails with store_unavailable (see awaitEpochs).
 func (r *Registry) nextEpoch() (int64, error) {
 	e := &r.epochs
+	if e.next >= e.limit && e.spareNext < e.spareLimit {
+		e.next, e.limit = e.spareNext, e.spareLimit
+		e.spareNext, e.spareLimit = 0, 0
+	}
 	if e.next >= e.limit {
-		r.ranOut()
 		r.refillEpochs()
 		why := e.err
 		if why == nil {
@@ -92,7 +104,7 @@ func (r *Registry) nextEpoch() (int64, error) {
 	}
 	n := e.next
 	e.next++
-	if e.limit-e.next <= e.size/2 {
+	if e.limit-e.next <= e.size/2 && e.spareNext == e.spareLimit {
 		r.refillEpochs()
 	}
 	return n, nil
@@ -106,9 +118,14 @@ func (r *Registry) refillEpochs() {
 	if e.refill != nil || r.closed {
 		return
 	}
+	now := time.Now()
+	if !e.lastRefill.IsZero() && now.Sub(e.lastRefill) < epochBlockLife {
+		e.size = min(2*e.size, maxEpochBlock)
+	}
+	e.lastRefill = now
+	n := max(e.size, r.cfg.EpochBlock)
 	done := make(chan struct{})
 	e.refill = done
-	n := e.size
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -131,14 +148,15 @@ func (r *Registry) refillEpochs() {
 // ReserveEpochs makes sure a block of epochs is at hand: it waits for the
 // reservation under way, if any, and when the block is still empty starts
 // one of its own and waits for it; it fails with store_unavailable when
-// that one could not reserve. An acquire never waits for the store; this is
-// for whoever would rather wait (a test, a start after an outage).
+// that one could not reserve. An acquire waits at most epochWait for a
+// reservation; this is for whoever would rather wait (a test, a start after
+// an outage).
 func (r *Registry) ReserveEpochs(ctx context.Context) error {
 	e := &r.epochs
 	started := false
 	for {
 		r.mu.Lock()
-		if e.refill == nil && e.next < e.limit {
+		if e.refill == nil && (e.next < e.limit || e.spareNext < e.spareLimit) {
 			r.mu.Unlock()
 			return nil
 		}
@@ -165,4 +183,34 @@ func (r *Registry) ReserveEpochs(ctx context.Context) error {
 			return cheetah.StoreUnavailable("registry: reserve epochs", ctx.Err())
 		}
 	}
+}
+
+// awaitEpochs waits, after an epoch could not be issued, for the
+// reservation under way, until deadline at the latest (the first call sets
+// it to epochWait from now); r.mu is held, and released while it waits. It
+// reports whether a reservation succeeded meanwhile, so that trying again
+// may succeed (other acquires may use the new block up first: the caller
+// tries again until the deadline).
+func (r *Registry) awaitEpochs(ctx context.Context, deadline *time.Time) bool {
+	done := r.epochs.refill
+	if done == nil {
+		return false
+	}
+	if deadline.IsZero() {
+		*deadline = time.Now().Add(epochWait)
+	}
+	wait := time.Until(*deadline)
+	if wait <= 0 {
+		return false
+	}
+	r.mu.Unlock()
+	t := time.NewTimer(wait)
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	r.mu.Lock()
+	return r.epochs.err == nil && ctx.Err() == nil && time.Now().Before(*deadline)
 }

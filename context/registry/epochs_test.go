@@ -164,3 +164,49 @@ func TestEpochBlockGrowsWhenItRunsOut(t *testing.T) {
 	// Blocks of 8, 16, 32, 64: without growth 64 epochs take 8 blocks.
 	require.Less(t, fs.reserves, 8, "reservations")
 }
+
+// An acquire that finds the block used up while the next one is being
+// reserved waits for it (briefly) instead of failing, and blocks used up
+// fast grow, so a churn does not outrun the store's reservations.
+func TestEpochBlocksKeepUpWithAChurn(t *testing.T) {
+	t.Parallel()
+	e, fs := setupFaulty(t)
+	e.connect("agent-1", cheetah.Console, nil, worker("w1"), worker("w2"))
+	ctx := context.Background()
+
+	gate, entered := make(chan struct{}), make(chan struct{}, 4)
+	fs.mu.Lock()
+	fs.gate, fs.entered = gate, entered
+	fs.mu.Unlock()
+	// Epochs 1..8; the 4th starts the next reservation, which the store
+	// holds.
+	for range 8 {
+		l := e.mustAcquire("t")
+		ok, err := e.reg.Release(ctx, l)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	<-entered
+	fs.mu.Lock()
+	fs.gate = nil
+	fs.mu.Unlock()
+	time.AfterFunc(50*time.Millisecond, func() { close(gate) })
+	l := e.mustAcquire("t")
+	require.Equal(t, int64(9), l.Epoch, "the acquire waited for the reservation under way")
+	_, err := e.reg.Release(ctx, l)
+	require.NoError(t, err)
+
+	// A churn: every block is used up in far less than a second, so the
+	// blocks asked for grow.
+	for range 2000 {
+		l := e.mustAcquire("t")
+		_, err := e.reg.Release(ctx, l)
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.reg.ReserveEpochs(ctx))
+	fs.mu.Lock()
+	asked := append([]int64(nil), fs.asked...)
+	fs.mu.Unlock()
+	require.Greater(t, asked[len(asked)-1], asked[0], "blocks asked for: %v", asked)
+	require.Less(t, len(asked), 20, "blocks asked for: %v", asked)
+}

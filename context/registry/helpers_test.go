@@ -191,11 +191,13 @@ type faultyStore struct {
 	gate     chan struct{} // when not nil, ReserveEpochs waits for it to close
 	entered  chan struct{} // receives once per ReserveEpochs call that waits on gate
 	reserves int
+	asked    []int64 // the size of each reservation
 }
 
 func (s *faultyStore) ReserveEpochs(ctx context.Context, n int64) (int64, error) {
 	s.mu.Lock()
 	s.reserves++
+	s.asked = append(s.asked, n)
 	fail, gate, entered := s.fail, s.gate, s.entered
 	s.mu.Unlock()
 	if gate != nil {

@@ -32,16 +32,53 @@ type lease struct {
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
-// late user why.
+// late user why. It is small and holds one pointer: the memory of ended
+// leases is large (EndedMax) and written on every release, under the lock.
 type endedLease struct {
-	userID, clientID, contextID string
-	reason                      cheetah.LostReason
+	at     *ctxIdent // where it was
+	reason endReason
+}
+
+// endReason is how a lease ended, in a byte: see endReasons.
+type endReason uint8
+
+// endReasons are the reasons a lease ends with, by endReason.
+var endReasons = [...]cheetah.LostReason{cheetah.LostReleased, cheetah.LostExpired, cheetah.LostRevoked, cheetah.LostContextGone}
+
+func endReasonOf(r cheetah.LostReason) endReason {
+	for i, x := range endReasons {
+		if x == r {
+			return endReason(i)
+		}
+	}
+	panic(fmt.Sprintf("registry: a lease cannot end with reason %q", r))
+}
+
+// endedKey is how the memory of ended leases knows a lease: the first half
+// of its token's digest. 128 bits tell apart the leases it remembers as
+// surely as 256, in half the memory (it is the registry's largest).
+type endedKey [16]byte
+
+func (k tokenKey) ended() (e endedKey) {
+	copy(e[:], k[:16])
+	return e
+}
+
+// ctxIdent names a context, shared by every ended lease of it.
+type ctxIdent struct{ userID, clientID, contextID string }
+
+// identOf returns w's ident, made once per context; r.mu is held.
+func identOf(w *wctx) *ctxIdent {
+	if w.ident == nil {
+		w.ident = &ctxIdent{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id}
+	}
+	return w.ident
 }
 
 type waiter struct {
 	req   cheetah.AcquireRequest
 	token string
-	sc    trace.SpanContext  // the acquire's span
+	l     *lease             // the lease it will get, made off the lock
 	ch    chan acquireResult // buffered: the hand-off never blocks
 	elem  *list.Element
 }
@@ -72,7 +109,7 @@ func (l *lease) view(token string) cheetah.Lease {
 // application is better told at once that the broker cannot work than
 // handed a lease that fails on first use.
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
-	ctx, span := r.tel.tracer.Start(ctx, "cheetah.acquire")
+	ctx, span := r.tel.startAcquire(ctx)
 	l, err := r.acquire(ctx, &req, span.SpanContext())
 	r.tel.acquired(ctx, span, &req, l, err)
 	return l, err
@@ -85,27 +122,28 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	if err := r.store.Health(); err != nil {
 		return cheetah.Lease{}, fmt.Errorf("registry: acquire: %w", err)
 	}
+	// The token, its digest and the lease are made off the lock.
 	token := newToken()
+	nl := &lease{key: keyOf(token), heapIndex: -1, acquired: sc}
 	r.mu.Lock()
-	for r.epochs.next >= r.epochs.limit && !r.draining && !r.closed {
-		// The block ran out before the next one was at hand (a burst of
-		// acquires): wait for that reservation outside the lock, as a
-		// caller would rather than hear store_unavailable from a store
-		// that answers. It fails only when the reservation does.
-		r.ranOut()
-		r.mu.Unlock()
-		if err := r.ReserveEpochs(ctx); err != nil {
-			return cheetah.Lease{}, err
+	var p *pool
+	var deadline time.Time // of the wait for epochs, once one was needed
+	for {
+		if r.draining {
+			r.mu.Unlock()
+			return cheetah.Lease{}, errShuttingDown
 		}
-		r.mu.Lock()
-	}
-	if r.draining || r.closed {
-		r.mu.Unlock()
-		return cheetah.Lease{}, errShuttingDown
-	}
-	p := r.poolFor(req.UserID)
-	if w := r.pickIdle(p, req); w != nil {
-		l, err := r.assign(w, req, token, r.clock.Now(), sc)
+		p = r.poolFor(req.UserID)
+		w := r.pickIdle(p, req)
+		if w == nil {
+			break
+		}
+		l, err := r.assign(w, req, nl, token, r.clock.Now())
+		if err != nil && r.awaitEpochs(ctx, &deadline) {
+			// The block ran out under a burst: the next one was being
+			// reserved, and is now at hand.
+			continue
+		}
 		r.mu.Unlock()
 		return l, err
 	}
@@ -115,7 +153,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		r.mu.Unlock()
 		return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
 	}
-	wt := &waiter{req: *req, token: token, sc: sc, ch: make(chan acquireResult, 1)}
+	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1)}
 	wt.elem = p.waiters.PushBack(wt)
 	r.mu.Unlock()
 
@@ -136,7 +174,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		// went away would never learn of it, so it goes back at once.
 		res := <-wt.ch
 		if cause != nil && res.err == nil {
-			r.release(res.lease)
+			r.release(keyOf(res.lease.LeaseToken), res.lease)
 			return cheetah.Lease{}, cause
 		}
 		return res.lease, res.err
@@ -196,8 +234,8 @@ func (r *Registry) pickIdle(p *pool, req *cheetah.AcquireRequest) *wctx {
 	if lst == nil {
 		return nil
 	}
-	for e := lst.Front(); e != nil; e = e.Next() {
-		if w := e.Value.(*wctx); w.matches(req) {
+	for w := lst.head; w != nil; w = w.idleNext {
+		if w.matches(req) {
 			return w
 		}
 	}
@@ -227,36 +265,24 @@ func (r *Registry) missReason(p *pool, req *cheetah.AcquireRequest) cheetah.NoCo
 	return cheetah.ReasonNoIdleWorker
 }
 
-// assign gives idle context w a new lease; r.mu is held.
-func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, token string, now time.Time, sc trace.SpanContext) (cheetah.Lease, error) {
+// assign gives idle context w the new lease l, made off the lock with its
+// key and span (token is the one whose digest l.key is); r.mu is held.
+func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token string, now time.Time) (cheetah.Lease, error) {
 	epoch, err := r.nextEpoch()
 	if err != nil {
 		return cheetah.Lease{}, err
 	}
-	l := &lease{
-		key: keyOf(token), ctx: w, taskID: req.TaskID, epoch: epoch, ttl: req.TTL,
-		expiresAt: now.Add(req.TTL), renewOnUse: req.RenewOnUse == nil || *req.RenewOnUse,
-		heapIndex: -1, acquired: sc,
-	}
+	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
+	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
 	w.lease = l
 	r.refreshIdle(w)
 	r.leases[l.key] = l
 	r.pushDeadline(l)
-	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
-	r.emit(leaseEvent(LeaseAcquired, l))
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+	ev := leaseEvent(LeaseAcquired, l)
+	ev.At = now
+	r.emit(ev)
 	return l.view(token), nil
-}
-
-// notify sends a frame about w to its client if it is connected, after
-// any command still waiting in w's queue; r.mu is held.
-func (r *Registry) notify(w *wctx, f protocol.Frame) {
-	if len(w.queue) > 0 {
-		w.queue = append(w.queue, &command{notice: f, durable: true})
-		return
-	}
-	if c := w.client; c.conn != nil {
-		c.conn.Send(f)
-	}
 }
 
 // endLease ends l for reason; r.mu is held. The context becomes idle again
@@ -271,18 +297,24 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
+	now := r.clock.Now()
 	ev := leaseEvent(LeaseEnded, l)
-	ev.Reason = reason
+	ev.Reason, ev.At = reason, now
 	r.emit(ev)
-	r.endedLeases.put(l.key, endedLease{userID: w.client.pool.userID, clientID: w.client.id, contextID: w.id, reason: reason}, r.clock.Now())
-	r.notify(w, &protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
+	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
 	r.refreshIdle(w)
 }
 
 // check finds the active lease of handle h and confirms its context is live
 // and worker-owned; r.mu is held. This is the ownership check of invariant 2.
 func (r *Registry) check(h cheetah.Lease) (*lease, error) {
-	l, err := r.checkLease(h)
+	return r.checkKey(keyOf(h.LeaseToken), h)
+}
+
+// checkKey is check with the digest of h's token made off the lock.
+func (r *Registry) checkKey(key tokenKey, h cheetah.Lease) (*lease, error) {
+	l, err := r.checkLease(key, h)
 	if err != nil {
 		if ll, ok := err.(*cheetah.LeaseLostError); ok {
 			r.tel.lost(ll.Reason)
@@ -291,8 +323,7 @@ func (r *Registry) check(h cheetah.Lease) (*lease, error) {
 	return l, err
 }
 
-func (r *Registry) checkLease(h cheetah.Lease) (*lease, error) {
-	key := keyOf(h.LeaseToken)
+func (r *Registry) checkLease(key tokenKey, h cheetah.Lease) (*lease, error) {
 	l := r.leases[key]
 	if l == nil {
 		return nil, &cheetah.LeaseLostError{Reason: r.lostReason(key)}
@@ -324,16 +355,11 @@ func sameHolder(l *lease, h cheetah.Lease) bool {
 // lostReason describes, for a token that carries no active lease, its
 // context as it is now: first match wins; r.mu is held.
 func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
-	e, ok := r.endedLeases.get(key)
+	e, ok := r.endedLeases.get(key.ended())
 	if !ok {
 		return cheetah.LostUnknownLease
 	}
-	var w *wctx
-	if p := r.users[e.userID]; p != nil {
-		if c := p.clients[e.clientID]; c != nil {
-			w = c.contexts[e.contextID]
-		}
-	}
+	w := r.findContext(e.at.userID, e.at.clientID, e.at.contextID)
 	switch {
 	case w == nil:
 		return cheetah.LostContextGone
@@ -344,7 +370,7 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 	case w.lease != nil:
 		return cheetah.LostReassigned
 	}
-	return e.reason
+	return endReasons[e.reason]
 }
 
 // Renew extends the lease from now by ttl, or by its own TTL when ttl is
@@ -353,9 +379,10 @@ func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) 
 	if ttl != 0 && !validTTL(ttl) {
 		return cheetah.Lease{}, cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
+	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	l, err := r.check(h)
+	l, err := r.checkKey(key, h)
 	if err != nil {
 		return cheetah.Lease{}, err
 	}
@@ -380,13 +407,15 @@ func (r *Registry) extend(l *lease, now time.Time) {
 // Release clears the lease if its context still carries it, live or not.
 // It reports whether it did; it never fails with lease_lost.
 func (r *Registry) Release(_ context.Context, h cheetah.Lease) (bool, error) {
+	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.release(h), nil
+	return r.release(key, h), nil
 }
 
-func (r *Registry) release(h cheetah.Lease) bool {
-	l := r.leases[keyOf(h.LeaseToken)]
+// release ends the lease of digest key if h holds it; r.mu is held.
+func (r *Registry) release(key tokenKey, h cheetah.Lease) bool {
+	l := r.leases[key]
 	if l == nil || !sameHolder(l, h) {
 		return false
 	}
@@ -396,11 +425,15 @@ func (r *Registry) release(h cheetah.Lease) bool {
 
 // ReleaseAll releases every token and returns how many leases it cleared.
 func (r *Registry) ReleaseAll(_ context.Context, tokens []string) (int, error) {
+	keys := make([]tokenKey, len(tokens))
+	for i, t := range tokens {
+		keys[i] = keyOf(t)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, t := range tokens {
-		if r.release(cheetah.Lease{LeaseToken: t}) {
+	for i := range tokens {
+		if r.release(keys[i], cheetah.Lease{LeaseToken: tokens[i]}) {
 			n++
 		}
 	}

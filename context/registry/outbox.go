@@ -52,11 +52,10 @@ type afterLock struct {
 	outClosed bool       // r.mu; the flusher has stopped
 	outKick   chan struct{}
 
-	events    []Event   // r.mu
-	delivered []Event   // r.mu; the buffer notifyOnce delivers from
-	spanEnds  []spanEnd // r.mu
-	seq       uint64    // r.mu
-	evClosed  bool      // r.mu; the notifier has stopped
+	events    eventQueue // r.mu (eventq.go)
+	spanEnds  []spanEnd  // r.mu
+	seq       uint64     // r.mu
+	evClosed  bool       // r.mu; the notifier has stopped
 	notifKick chan struct{}
 
 	endsMu     sync.Mutex
@@ -157,7 +156,7 @@ func (r *Registry) emit(ev Event) {
 	if ev.At.IsZero() {
 		ev.At = r.clock.Now()
 	}
-	r.after.events = append(r.after.events, ev)
+	r.after.events.push(&ev)
 	kick(r.after.notifKick)
 }
 
@@ -238,20 +237,19 @@ func (r *Registry) notifyOnce(stopping bool) bool {
 	for _, d := range ends {
 		r.endDurable(d.c, d.err)
 	}
-	// Two buffers take turns: the queue fills one while this round
-	// delivers from the other.
-	events, spans := a.events, a.spanEnds
-	a.events, a.delivered = a.delivered[:0], events
+	events, spans := a.events.take(), a.spanEnds
 	a.spanEnds = nil
 	if stopping && len(ends) == 0 && len(events) == 0 && len(spans) == 0 {
 		a.evClosed = true
 	}
 	r.mu.Unlock()
 
-	for i := range events {
-		r.deliver(&events[i])
+	for _, chunk := range events {
+		for i := range chunk {
+			r.deliver(&chunk[i])
+		}
 	}
-	clear(events)
+	a.events.release(events)
 	for _, s := range spans {
 		r.tel.endSpans(s.c, s.status, s.e, s.terminal)
 	}

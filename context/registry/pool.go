@@ -17,7 +17,7 @@ type pool struct {
 	// idle holds the idle contexts of each client type in the order they
 	// became idle, which is the selection order (longest idle first). The
 	// clock only moves forward, so appending keeps the list sorted.
-	idle    map[cheetah.ClientType]*list.List
+	idle    map[cheetah.ClientType]*idleList
 	waiters *list.List // of *waiter, first come first served
 }
 
@@ -41,32 +41,43 @@ type client struct {
 	// so that a disconnect visits only them.
 	dispatched  map[*command]struct{}
 	connectedAt time.Time
+	// notices is the batch of assignment notices queued on conn and not
+	// yet written, which later changes update in place (notices.go); nil
+	// when there is none, or once a command was sent after it.
+	notices *Notices
+	// nconn is conn as a NoticeConn, when it is one (nil otherwise).
+	nconn NoticeConn
 }
 
 // wctx is a worker context: a tab or a console flow.
 type wctx struct {
-	client    *client
-	id        string
-	tabID     string
-	owner     cheetah.Owner
-	url       string
-	title     string
-	labels    map[string]string
-	live      bool
-	lease     *lease
-	idleElem  *list.Element
-	idleSince time.Time
+	client *client
+	id     string
+	tabID  string
+	owner  cheetah.Owner
+	url    string
+	title  string
+	labels map[string]string
+	live   bool
+	lease  *lease
+	// idleOn is the idle list w is on (nil when not idle), and idlePrev,
+	// idleNext its neighbours there.
+	idleOn             *idleList
+	idlePrev, idleNext *wctx
+	idleSince          time.Time
 	// queue holds commands admitted on this context and not yet dispatched,
 	// in admission order. Only its durable prefix is ever dispatched.
 	queue []*command
 	// inflight counts this context's commands admitted and not yet ended.
 	inflight int
+	// ident names it in the memory of ended leases (made on first use).
+	ident *ctxIdent
 }
 
 func (r *Registry) poolFor(userID string) *pool {
 	p := r.users[userID]
 	if p == nil {
-		p = &pool{userID: userID, clients: map[string]*client{}, idle: map[cheetah.ClientType]*list.List{}, waiters: list.New()}
+		p = &pool{userID: userID, clients: map[string]*client{}, idle: map[cheetah.ClientType]*idleList{}, waiters: list.New()}
 		r.users[userID] = p
 	}
 	return p
@@ -127,13 +138,12 @@ func (w *wctx) state() string {
 func (r *Registry) refreshIdle(w *wctx) {
 	p := w.client.pool
 	if !w.idle() {
-		if w.idleElem != nil {
-			p.idle[w.client.typ].Remove(w.idleElem)
-			w.idleElem = nil
+		if w.idleOn != nil {
+			w.idleOn.remove(w)
 		}
 		return
 	}
-	if w.idleElem != nil {
+	if w.idleOn != nil {
 		return
 	}
 	now := r.clock.Now()
@@ -142,7 +152,7 @@ func (r *Registry) refreshIdle(w *wctx) {
 		if w.matches(&wt.req) {
 			p.waiters.Remove(e)
 			wt.elem = nil
-			l, err := r.assign(w, &wt.req, wt.token, now, wt.sc)
+			l, err := r.assign(w, &wt.req, wt.l, wt.token, now)
 			wt.ch <- acquireResult{lease: l, err: err}
 			if err == nil {
 				return
@@ -155,11 +165,11 @@ func (r *Registry) refreshIdle(w *wctx) {
 	}
 	lst := p.idle[w.client.typ]
 	if lst == nil {
-		lst = list.New()
+		lst = &idleList{}
 		p.idle[w.client.typ] = lst
 	}
 	w.idleSince = now
-	w.idleElem = lst.PushBack(w)
+	lst.pushBack(w)
 }
 
 func (w *wctx) snapshot() cheetah.ContextSnapshot {
@@ -171,9 +181,38 @@ func (w *wctx) snapshot() cheetah.ContextSnapshot {
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
-	if w.idleElem != nil {
+	if w.idleOn != nil {
 		t := w.idleSince.UTC()
 		s.IdleSince = &t
 	}
 	return s
+}
+
+// idleList is a pool's idle contexts of one client type, longest idle
+// first. It is linked through the contexts themselves, so that a context
+// joins and leaves it, on every release and acquire, without allocating.
+type idleList struct{ head, tail *wctx }
+
+func (l *idleList) pushBack(w *wctx) {
+	w.idleOn, w.idlePrev, w.idleNext = l, l.tail, nil
+	if l.tail != nil {
+		l.tail.idleNext = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+}
+
+func (l *idleList) remove(w *wctx) {
+	if w.idlePrev != nil {
+		w.idlePrev.idleNext = w.idleNext
+	} else {
+		l.head = w.idleNext
+	}
+	if w.idleNext != nil {
+		w.idleNext.idlePrev = w.idlePrev
+	} else {
+		l.tail = w.idlePrev
+	}
+	w.idleOn, w.idlePrev, w.idleNext = nil, nil, nil
 }

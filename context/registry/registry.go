@@ -75,7 +75,8 @@ type Config struct {
 	// late use can be told why (10 min). EndedMax bounds that memory.
 	EndedMemory time.Duration
 	EndedMax    int
-	// EpochBlock is how many epochs are reserved in the store at a time.
+	// EpochBlock is how many epochs are reserved in the store at a time,
+	// at least (1,024): blocks used up in less than a second grow.
 	EpochBlock int64
 	// MaxMessageBytes bounds a command frame (4 MiB).
 	MaxMessageBytes int
@@ -149,7 +150,7 @@ type Registry struct {
 	users       map[string]*pool
 	leases      map[tokenKey]*lease         // active leases by token digest
 	heap        leaseHeap                   // active leases that may expire, by deadline
-	endedLeases *memo[tokenKey, endedLease] // how recent leases ended, by token digest
+	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
 	commands    map[string]*command
 	// ending holds the commands that ended and whose end is not durable yet.
 	ending        map[*command]struct{}
@@ -192,7 +193,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		log:           cfg.Log,
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
-		endedLeases:   newMemo[tokenKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		endedLeases:   newMemo[endedKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
 		commands:      map[string]*command{},
 		ending:        map[*command]struct{}{},
 		endedCommands: newMemo[string, endedCommand](cfg.EndedMemory, cfg.EndedMax),

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 )
@@ -58,6 +59,10 @@ const (
 // lookup and an atomic add.
 type telemetry struct {
 	tracer trace.Tracer
+	// idleGlobal is otel's default global provider when the registry took
+	// it, before any SDK was installed: while it is still the global one,
+	// no span the registry starts records (see startAcquire).
+	idleGlobal trace.TracerProvider
 
 	acquires    metric.Int64Counter
 	leasesEnded metric.Int64Counter
@@ -91,19 +96,24 @@ var lostReasons = []cheetah.LostReason{
 }
 
 func newTelemetry(r *Registry, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	var idleGlobal trace.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
+		if fmt.Sprintf("%T", tp) == "*global.tracerProvider" {
+			idleGlobal = tp
+		}
 	}
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
 	t := &telemetry{
-		tracer:  tp.Tracer(instrumentation),
-		endedBy: map[cheetah.LostReason][]metric.AddOption{},
-		lostBy:  map[cheetah.LostReason][]metric.AddOption{},
-		acqOpts: map[acquireKey][]metric.AddOption{},
-		names:   map[string]bool{},
-		durOpts: map[durationKey][]metric.RecordOption{},
+		tracer:     tp.Tracer(instrumentation),
+		idleGlobal: idleGlobal,
+		endedBy:    map[cheetah.LostReason][]metric.AddOption{},
+		lostBy:     map[cheetah.LostReason][]metric.AddOption{},
+		acqOpts:    map[acquireKey][]metric.AddOption{},
+		names:      map[string]bool{},
+		durOpts:    map[durationKey][]metric.RecordOption{},
 	}
 	for _, r := range lostReasons {
 		opt := metric.WithAttributeSet(attribute.NewSet(attrReason.String(string(r))))
@@ -425,4 +435,16 @@ func (t *telemetry) endSpans(c *command, status cheetah.Status, e *cheetah.Error
 		s.cmd.SetStatus(codes.Error, msg)
 	}
 	s.cmd.End()
+}
+
+// startAcquire starts an acquire's span. While no tracer provider is
+// installed (otel's global one still has no SDK behind it) nothing would
+// record it, and the global tracer's span and context would be allocated on
+// every acquire, the registry's hottest call: it returns a no-op span and
+// ctx unchanged instead.
+func (t *telemetry) startAcquire(ctx context.Context) (context.Context, trace.Span) {
+	if t.idleGlobal != nil && otel.GetTracerProvider() == t.idleGlobal {
+		return ctx, tracenoop.Span{}
+	}
+	return t.tracer.Start(ctx, "cheetah.acquire")
 }

@@ -33,8 +33,8 @@ func (r *Registry) ListAvailable(_ context.Context, userID string, clientType ch
 	}
 	for _, t := range types {
 		if lst := p.idle[t]; lst != nil {
-			for e := lst.Front(); e != nil; e = e.Next() {
-				out = append(out, e.Value.(*wctx).snapshot())
+			for w := lst.head; w != nil; w = w.idleNext {
+				out = append(out, w.snapshot())
 			}
 		}
 	}
