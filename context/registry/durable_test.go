@@ -305,3 +305,38 @@ func TestInsertFailsAfterDispatch(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 }
+
+// The database stops answering while a command's record is being written,
+// after the command was dispatched: the sender is told store_unavailable
+// and the client a cancel; the insert and the end are held by the store and
+// written once the database answers, so history then shows the command
+// cancelled with error store_unavailable (docs/behaviour.md).
+func TestInsertDuringOutageShowsCancelledLater(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewSQLite(t, historytest.BusyTimeout(200*time.Millisecond))
+	e := setupOn(t, base, base)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ctx := context.Background()
+
+	restore := historytest.Outage(t, base)
+	_, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "unrecorded"}, cheetah.SendOptions{})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	f := cmdFrame(t, c, 1)
+	waitFor(t, c.conn, func(x *protocol.Cancel) bool { return x.CommandID == f.CommandID })
+	// The client answers the cancel as a client does.
+	e.reg.ClientMessage(ctx, c.att, &protocol.Error{CommandID: f.CommandID, Code: "cancelled", Message: "stopped"})
+
+	restore()
+	var rec cheetah.CommandRecord
+	require.Eventually(t, func() bool {
+		rec, err = base.Get(ctx, user, f.CommandID)
+		return err == nil && rec.Status.Terminal() && len(rec.Messages) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the held insert and end are written once the database answers")
+	require.Equal(t, cheetah.StatusCancelled, rec.Status)
+	require.NotNil(t, rec.Error)
+	require.Equal(t, cheetah.CodeStoreUnavailable, rec.Error.Code)
+	require.NotNil(t, rec.DispatchedAt)
+	require.True(t, rec.Messages[0].Late, "the client's answer after the cancel is late")
+	require.Zero(t, e.reg.Stats().Commands)
+}
