@@ -177,8 +177,8 @@ func (r *Registry) dropContexts(c *client) {
 	}
 }
 
-// dropContext removes a context that is gone: its lease ends context_gone
-// and its undispatched commands end disconnected; r.mu is held.
+// dropContext removes a context that is gone: its lease ends
+// context_gone; r.mu is held.
 func (r *Registry) dropContext(w *wctx) {
 	w.live = false
 	if w.lease != nil {
@@ -186,21 +186,10 @@ func (r *Registry) dropContext(w *wctx) {
 	}
 	r.refreshIdle(w)
 	delete(w.client.contexts, w.id)
+	// Notices still queued go out now: a context reported again is a new
+	// object, and its new lease's assignment must not overtake the old
+	// lease's end.
 	r.flushQueue(w)
-	// No command of w can be dispatched any more, so the notices still
-	// queued behind one that is not durable yet go out now: a context
-	// reported again is a new object, and its new lease's assignment must
-	// not overtake the old lease's end.
-	kept := w.queue[:0]
-	for _, c := range w.queue {
-		if c.notice == nil {
-			kept = append(kept, c)
-		} else if conn := w.client.conn; conn != nil {
-			conn.Send(c.notice)
-		}
-	}
-	clear(w.queue[len(kept):])
-	w.queue = kept
 }
 
 // dropClient removes a client with no connection and no contexts; r.mu
