@@ -579,16 +579,6 @@ func (r *Registry) untrack(c *command) {
 	}
 }
 
-func (r *Registry) removeQueued(c *command) {
-	q := c.ctx.queue
-	for i, x := range q {
-		if x == c {
-			c.ctx.queue = append(q[:i], q[i+1:]...)
-			return
-		}
-	}
-}
-
 // flushQueue sends the notices queued in w's FIFO; r.mu is held. Commands
 // are dispatched at admission and never wait in it, so nothing queues
 // there any more; the FIFO is kept for the notices' sake (notify).
