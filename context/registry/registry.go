@@ -317,6 +317,8 @@ func (r *Registry) Close() {
 		delete(r.ending, c)
 		if c.durable {
 			r.emitEnded(c, false)
+		} else if c.writeSpan != nil {
+			c.writeSpan.End() // as above
 		}
 		r.endSpansLater(c, c.res.Status, c.res.Error, c.terminal)
 	}
