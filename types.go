@@ -173,9 +173,10 @@ type SendOptions struct {
 	// secret (server.Options.WebhookSecret).
 	CallbackKeyID string
 	// OnAdmitted, when set, is called once the command's record is durable,
-	// before any wait (in process: before the command is dispatched): the
-	// HTTP API uses it to name the command to a caller that may go away
-	// before the resolution.
+	// before the wait for its resolution (the command may be running on the
+	// client already: dispatch overlaps the record's commit): the HTTP API
+	// uses it to name the command to a caller that may go away before the
+	// resolution.
 	OnAdmitted func(Sent) `json:"-"`
 }
 

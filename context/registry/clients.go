@@ -96,7 +96,6 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 		}
 		w.live = true
 		r.refreshIdle(w)
-		r.flushQueue(w)
 	}
 	for id, w := range c.contexts {
 		if !seen[id] {
@@ -151,9 +150,6 @@ func (r *Registry) detach(c *client) {
 	for _, cmd := range gone {
 		r.endCommand(cmd, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client's connection dropped"}, nil)
 	}
-	for _, w := range c.contexts {
-		r.flushQueue(w)
-	}
 }
 
 func (r *Registry) startGrace(c *client) {
@@ -178,8 +174,8 @@ func (r *Registry) dropContexts(c *client) {
 	}
 }
 
-// dropContext removes a context that is gone: its lease ends context_gone
-// and its undispatched commands end disconnected; r.mu is held.
+// dropContext removes a context that is gone: its lease ends
+// context_gone; r.mu is held.
 func (r *Registry) dropContext(w *wctx) {
 	w.live = false
 	if w.lease != nil {
@@ -187,21 +183,6 @@ func (r *Registry) dropContext(w *wctx) {
 	}
 	r.refreshIdle(w)
 	delete(w.client.contexts, w.id)
-	r.flushQueue(w)
-	// No command of w can be dispatched any more, so the notices still
-	// queued behind one that is not durable yet go out now: a context
-	// reported again is a new object, and its new lease's assignment must
-	// not overtake the old lease's end.
-	kept := w.queue[:0]
-	for _, c := range w.queue {
-		if c.notice == nil {
-			kept = append(kept, c)
-		} else {
-			r.sendQueuedNotice(w.client, c.notice)
-		}
-	}
-	clear(w.queue[len(kept):])
-	w.queue = kept
 }
 
 // dropClient removes a client with no connection and no contexts; r.mu

@@ -36,6 +36,14 @@ func TestCloseJoinsEverything(t *testing.T) {
 		err error
 	}
 	done := make(chan out, 2)
+	// Both records durable before the store holds its callbacks: a
+	// sender waits for its record, Close or not (invariant 9).
+	admitted := make(chan struct{}, 2)
+	stopEvents := e.reg.Subscribe(func(ev registry.Event) {
+		if ev.Kind == registry.CommandAdmitted {
+			admitted <- struct{}{}
+		}
+	})
 	for _, l := range []cheetah.Lease{l1, l2} {
 		go func() {
 			res, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{Timeout: time.Hour})
@@ -43,6 +51,9 @@ func TestCloseJoinsEverything(t *testing.T) {
 		}()
 	}
 	f1, f2 := cmdFrame(t, c, 1), cmdFrame(t, c, 2)
+	<-admitted
+	<-admitted
+	stopEvents()
 	// One command ends; the store has not said it committed when Close
 	// comes. The other is still in flight.
 	hs.setHold(true)

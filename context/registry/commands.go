@@ -34,9 +34,28 @@ type command struct {
 	dispatchedTo *client
 	hasCallback  bool // sent with a callback URL
 
+	// durable is set once the record's commit came back (recordDurable):
+	// only then is the command announced (CommandAdmitted) and its id
+	// told to anyone (invariant 9). dispatched is set when the frame is
+	// handed to the connection, which may be before the record is durable.
 	durable    bool
 	dispatched bool
 	acked      bool
+	// recorded receives how writing the record fared, once: the sender
+	// waits for it before it tells its caller the id.
+	recorded chan error
+	// holding is set while the record's insert is held back (pending, with
+	// the ops decided about the command since), for the terminal message
+	// to share its commit; holdTimer ends the hold (Config.InsertDelay).
+	holding   bool
+	pending   []history.Op
+	holdTimer *time.Timer
+	// endedEarly is set when the command stopped being tracked (response
+	// mode none) before its record was durable: its CommandEnded is
+	// emitted after its CommandAdmitted.
+	endedEarly bool
+	// writeSpan times the record's write (traced commands only).
+	writeSpan trace.Span
 	// ending is set from the command's end until its terminal status came
 	// back from the store; res, terminal and endedAt describe that end.
 	ending   bool
@@ -55,11 +74,6 @@ type command struct {
 	spans                                commandSpans
 	traced                               bool
 	wallDispatched, wallAcked, wallEnded int64
-	// notice, when set, makes this queue entry a frame about the context
-	// (an assignment change) rather than a command. It waits its turn
-	// behind commands not yet dispatched, so the client sees commands and
-	// assignment changes in the order they happened.
-	notice protocol.Frame
 }
 
 // outcome is what a waiting send learns: the resolution, or an error when
@@ -89,7 +103,20 @@ func (r *Registry) Send(ctx context.Context, h cheetah.Lease, cmd cheetah.Comman
 	if err != nil {
 		return cheetah.Sent{}, err
 	}
+	// The command may be running on the client already; its id is told
+	// only once its record is durable (invariant 9).
+	if err := recordErr(<-c.recorded); err != nil {
+		return cheetah.Sent{}, err
+	}
 	return cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID}, nil
+}
+
+// recordErr is what a sender is told when the record's write failed.
+func recordErr(werr error) error {
+	if werr == nil {
+		return nil
+	}
+	return cheetah.StoreUnavailable("registry: record command", werr)
 }
 
 // SendAndWait admits cmd and waits for its resolution. While it waits, the
@@ -106,11 +133,35 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 	if err != nil {
 		return cheetah.Resolution{}, err
 	}
+	// First the record: nothing reveals the id before it is durable
+	// (invariant 9), and the resolution, durable after it, comes later.
+	select {
+	case werr := <-c.recorded:
+		if err := recordErr(werr); err != nil {
+			return cheetah.Resolution{}, err
+		}
+	case <-ctx.Done():
+		r.callerGone(c)
+		if err := recordErr(<-c.recorded); err != nil {
+			return cheetah.Resolution{}, err
+		}
+		return cancelledBy(ctx, c), ctx.Err()
+	}
+	if so.OnAdmitted != nil {
+		so.OnAdmitted(cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID})
+	}
 	select {
 	case o := <-c.resolved:
 		return o.res, o.err
 	case <-ctx.Done():
 	}
+	r.callerGone(c)
+	return cancelledBy(ctx, c), ctx.Err()
+}
+
+// callerGone ends c cancelled because its waiting caller went away, and
+// tells the client.
+func (r *Registry) callerGone(c *command) {
 	r.mu.Lock()
 	r.unpreserve(c, false)
 	if r.commands[c.rec.CommandID] == c {
@@ -120,10 +171,13 @@ func (r *Registry) SendAndWait(ctx context.Context, h cheetah.Lease, cmd cheetah
 		r.endCommand(c, cheetah.StatusCancelled, &cheetah.ErrorInfo{Code: "cancelled", Message: "the caller went away"}, nil)
 	}
 	r.mu.Unlock()
-	// The caller is gone; the resolution is still made durable and then
-	// dropped. Report what the caller's context said.
+}
+
+// cancelledBy is what a caller that went away is answered: the resolution
+// is still made durable and then dropped; this says what ctx said.
+func cancelledBy(ctx context.Context, c *command) cheetah.Resolution {
 	return cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: cheetah.StatusCancelled,
-		Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}, ctx.Err()
+		Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}
 }
 
 // prepare validates cmd and builds its frame and record outside the lock.
@@ -231,15 +285,17 @@ func objectOrNull(field string, v json.RawMessage) error {
 	return nil
 }
 
-// admit runs a send in three phases: admitCommand checks ownership and
-// takes the command's place in its context's FIFO under the lock,
-// recordCommand writes its record durably outside it, and dispatchCommand
-// dispatches the durable prefix of the FIFO under the lock again.
+// admit checks ownership, takes the command's place in its context's
+// order, enqueues its record and dispatches it, all in one step under the
+// lock (admitLocked). Dispatch overlaps the record's commit (invariant 9):
+// the insert is handed to the store through the ordered outbox, before
+// anything else about the command, and the frame goes to the client at
+// once. What the caller is told waits for the record (c.recorded).
 //
 // The command's trace starts here: a command span from admission to the
-// terminal status, with an admission span (the ownership check and the
-// FIFO), a span for the durable write, and a dispatch span that the
-// command frame's traceparent names, so the client's own span is its child.
+// terminal status, with an admission span (the ownership check), a span
+// for the record's write, and a dispatch span that the command frame's
+// traceparent names, so the client's own span is its child.
 func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Command, so cheetah.SendOptions, wait bool) (*command, error) {
 	ctx, spans := r.tel.startCommand(ctx, cmd, so.ResponseMode)
 	c, err := r.prepare(cmd, so, spans.sc)
@@ -252,31 +308,34 @@ func (r *Registry) admit(ctx context.Context, h cheetah.Lease, cmd cheetah.Comma
 	if c.traced {
 		c.spans.cmd.SetAttributes(spanCommandID.String(c.rec.CommandID))
 	}
-	if err := r.admitCommand(ctx, c, h, wait); err != nil {
+	if err := r.admitCommand(ctx, c, h, so, wait); err != nil {
 		c.spans.failed(err)
-		return nil, err
-	}
-	werr := r.recordCommand(ctx, c, so)
-	if werr == nil && wait && so.OnAdmitted != nil {
-		// Before dispatch, so that the caller hears of the command (the HTTP
-		// API flushes its id in the answer's headers) before the client can.
-		so.OnAdmitted(cheetah.Sent{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID})
-	}
-	if err := r.dispatchCommand(ctx, c, werr); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// admitCommand is admission's first phase, in one step under the lock: the
-// ownership check (invariant 2), the renewal on use, the lease's
-// preservation for a waiting caller (invariant 5) and the command's place
-// in its context's FIFO (invariant 7).
-func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease, wait bool) error {
+// admitCommand runs admitLocked in the admission span. The spans that
+// outlive it (the record's write, the dispatch) start before, off the lock:
+// the frame names the dispatch span, and the lock hands the frame over.
+func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease, so cheetah.SendOptions, wait bool) error {
 	_, span := r.tel.tracer.Start(ctx, "cheetah.admit")
 	defer span.End()
-	l, err := r.admitLocked(c, h, wait)
+	if c.traced {
+		_, c.writeSpan = r.tel.tracer.Start(context.WithoutCancel(ctx), "cheetah.history.write")
+	}
+	_, dispatch := r.tel.tracer.Start(ctx, "cheetah.dispatch", trace.WithSpanKind(trace.SpanKindProducer))
+	dsc := dispatch.SpanContext()
+	if !dsc.IsValid() {
+		dsc = c.spans.sc
+	}
+	c.frame.Traceparent = traceparent(dsc)
+	c.spans.dispatch = dispatch
+	l, err := r.admitLocked(c, h, so, wait)
 	if err != nil {
+		if c.writeSpan != nil {
+			c.writeSpan.End()
+		}
 		if c.traced {
 			why := "refused"
 			if errors.Is(err, cheetah.ErrOverloaded) && err != errShuttingDown {
@@ -287,7 +346,7 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 		return err
 	}
 	if c.traced {
-		// Off the lock: c.rec is read by nobody else until it is durable.
+		// c.rec's identity fields are set once, by admitLocked.
 		span.SetAttributes(spanUserID.String(c.rec.UserID), spanClientID.String(c.rec.ClientID),
 			spanContextID.String(c.rec.ContextID), spanTaskID.String(c.rec.TaskID), spanEpoch.Int64(c.rec.Epoch))
 		if l.acquired.IsValid() {
@@ -299,8 +358,12 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 	return nil
 }
 
-// admitLocked is admitCommand's critical section.
-func (r *Registry) admitLocked(c *command, h cheetah.Lease, wait bool) (*lease, error) {
+// admitLocked is admission, in one step under the lock: the ownership
+// check (invariant 2), the renewal on use, the lease's preservation for a
+// waiting caller (invariant 5), the record's insert handed to the outbox
+// (or held back, see Config.InsertDelay) and the dispatch, in admission
+// order per context (invariant 7).
+func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptions, wait bool) (*lease, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l, err := r.check(h)
@@ -327,6 +390,7 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, wait bool) (*lease, 
 	if c.rec.ResponseMode != cheetah.ModeNone {
 		c.resolved = make(chan outcome, 1)
 	}
+	c.recorded = make(chan error, 1)
 	if wait {
 		c.preserving = true
 		l.preserve++
@@ -337,73 +401,157 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, wait bool) (*lease, 
 	if l.renewOnUse {
 		r.extend(l, now)
 	}
-	w.queue = append(w.queue, c)
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
+
+	conn := w.client.conn
+	live := w.live && conn != nil && w.client.contexts[w.id] == w
+	if live {
+		// Dispatched now, so inserted dispatched: no status change of its
+		// own to commit.
+		at := now.UTC()
+		c.rec.Status, c.rec.DispatchedAt = cheetah.StatusDispatched, &at
+	}
+	insert := history.InsertCommand{Rec: c.rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID}
+	if d := r.cfg.InsertDelay; wait && live && d > 0 {
+		// Someone waits for the record and the terminal message: a client
+		// that answers within d makes them one commit.
+		c.holding, c.pending = true, []history.Op{insert}
+		c.holdTimer = time.AfterFunc(d, func() { r.endHold(c) })
+	} else {
+		r.write(func(err error) { r.recordWritten(c, err) }, insert)
+	}
+	if !live {
+		// Not reachable through check, which confirms liveness; kept so
+		// that a command is never left without an end.
+		r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the context was not live at dispatch"}, nil)
+		return l, nil
+	}
+	r.dispatch(c, conn, now)
 	return l, nil
 }
 
-// recordCommand is admission's second phase, outside the lock: the
-// command's record is written whatever the caller does meanwhile, since
-// once admitted a command is either durable and dispatched or fully undone.
-// Nothing else reads c.rec until the command is marked durable.
-func (r *Registry) recordCommand(ctx context.Context, c *command, so cheetah.SendOptions) error {
-	writeCtx, span := r.tel.tracer.Start(context.WithoutCancel(ctx), "cheetah.history.write")
-	defer span.End()
-	err := r.store.Write(writeCtx, history.InsertCommand{Rec: c.rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID})
-	if err != nil && c.traced {
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return err
-}
-
-// dispatchCommand is admission's last phase, under the lock: a command
-// whose record is durable is dispatched with the durable prefix of its
-// context's FIFO; one whose record could not be written is undone.
-func (r *Registry) dispatchCommand(ctx context.Context, c *command, werr error) error {
-	var dispatch trace.Span
-	if werr == nil {
-		// The frame is read by nobody until the command is marked durable
-		// below, under the lock.
-		_, dispatch = r.tel.tracer.Start(ctx, "cheetah.dispatch", trace.WithSpanKind(trace.SpanKindProducer))
-		dsc := dispatch.SpanContext()
-		if !dsc.IsValid() {
-			dsc = c.spans.sc
-		}
-		c.frame.Traceparent = traceparent(dsc)
-	}
+// endHold ends c's hold when Config.InsertDelay passed first: its insert,
+// and what was decided about it since, go to the outbox.
+func (r *Registry) endHold(c *command) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if werr != nil {
-		r.unpreserve(c, false)
-		r.removeQueued(c)
-		if r.commands[c.rec.CommandID] == c {
-			// Never announced: its id was revealed to nobody.
-			r.untrack(c)
+	r.releaseHeld(c, nil)
+}
+
+// releaseHeld hands c's held ops to the outbox as one write, followed by
+// ops (its end, when one is decided), with done learning how they fared
+// after the record's callback; r.mu is held. It does nothing when c holds
+// nothing and there are no ops.
+func (r *Registry) releaseHeld(c *command, done func(error), ops ...history.Op) {
+	if !c.holding {
+		if len(ops) > 0 {
+			r.write(done, ops...)
 		}
-		r.flushQueue(c.ctx)
-		err := cheetah.StoreUnavailable("registry: record command", werr)
-		c.spans.failed(err)
-		return err
+		return
 	}
-	c.durable = true
-	if r.commands[c.rec.CommandID] != c {
-		// Ended meanwhile (Close): its spans are closed.
-		dispatch.End()
-		return nil
+	c.holding = false
+	if c.holdTimer != nil {
+		c.holdTimer.Stop()
+		c.holdTimer = nil
 	}
-	c.spans.dispatch = dispatch
-	// Announced only now: anything that reveals a command id waits for its
-	// record's commit (invariant 9).
-	r.emit(r.commandEvent(CommandAdmitted, c))
-	if r.interrupting {
-		// Interrupt came while the record was being written: it ends now
-		// that it is durable.
-		r.interrupt(c)
-		return nil
+	all := append(c.pending, ops...)
+	c.pending = nil
+	r.write(func(err error) {
+		r.recordWritten(c, err)
+		if done != nil {
+			done(err)
+		}
+	}, all...)
+}
+
+// writeFor writes ops about command c after its record: held with it while
+// the record is held, or to the outbox; r.mu is held.
+func (r *Registry) writeFor(c *command, ops ...history.Op) {
+	if c.holding {
+		c.pending = append(c.pending, ops...)
+		return
 	}
-	r.flushQueue(c.ctx)
-	return nil
+	r.write(nil, ops...)
+}
+
+// recordWritten is the store's callback for a command's record: err is how
+// writing it fared. Like endWritten, it only queues it for notifyLoop.
+func (r *Registry) recordWritten(c *command, err error) {
+	r.after.endsMu.Lock()
+	if !r.after.endsClosed {
+		r.after.ends = append(r.after.ends, durableEnd{c: c, err: err, record: true})
+		r.after.endsMu.Unlock()
+		kick(r.after.notifKick)
+		return
+	}
+	r.after.endsMu.Unlock()
+	// Close ended the write span.
+	select {
+	case c.recorded <- err:
+	default:
+	}
+}
+
+// recordTold ends the record's write span and tells the sender how the
+// write fared. It never blocks.
+func (r *Registry) recordTold(c *command, err error) {
+	if c.writeSpan != nil {
+		if err != nil {
+			c.writeSpan.SetStatus(codes.Error, err.Error())
+		}
+		c.writeSpan.End()
+	}
+	select {
+	case c.recorded <- err:
+	default:
+	}
+}
+
+// recordDurable acts on the record's write once it came back; r.mu is
+// held. A durable record announces the command: CommandAdmitted, then
+// CommandDispatched (and CommandEnded when it ended untracked meanwhile).
+// A record that could not be written leaves a command the client was
+// already sent, whose id nobody will be told: the client is sent a cancel
+// and the command ends cancelled (store_unavailable). Its insert and end
+// are held by the store while the database does not answer and written
+// once it does, so history may show it later, cancelled (docs/behaviour.md).
+func (r *Registry) recordDurable(c *command, werr error) {
+	if werr == nil {
+		c.durable = true
+		if r.closed {
+			return // Close ended it unannounced
+		}
+		ev := r.commandEvent(CommandAdmitted, c)
+		ev.Status = cheetah.StatusAdmitted
+		r.emit(ev)
+		if c.dispatched {
+			ev = r.commandEvent(CommandDispatched, c)
+			ev.Status = cheetah.StatusDispatched
+			if c.rec.DispatchedAt != nil {
+				ev.At = *c.rec.DispatchedAt
+			}
+			r.emit(ev)
+		}
+		if c.endedEarly {
+			r.emitEnded(c, false)
+		}
+		return
+	}
+	if r.closed {
+		return
+	}
+	id := c.rec.CommandID
+	if c.dispatched && (r.commands[id] == c || c.endedEarly) {
+		// Sent, and not ended by the client nor by the broker (response
+		// mode none has no end): the client stops it.
+		c.conn.Send(&protocol.Cancel{CommandID: id, Reason: "the broker could not record the command"})
+	}
+	if r.commands[id] == c {
+		r.unpreserve(c, false)
+		r.endCommand(c, cheetah.StatusCancelled, &cheetah.ErrorInfo{Code: cheetah.CodeStoreUnavailable,
+			Message: "the command's record could not be written; its sender was told store_unavailable"}, nil)
+	}
 }
 
 // errShuttingDown refuses new work once Drain was called.
@@ -426,63 +574,35 @@ func (r *Registry) untrack(c *command) {
 	}
 }
 
-func (r *Registry) removeQueued(c *command) {
-	q := c.ctx.queue
-	for i, x := range q {
-		if x == c {
-			c.ctx.queue = append(q[:i], q[i+1:]...)
-			return
-		}
+// dispatch hands c's frame to conn, its context's live connection; r.mu
+// is held. It runs at admission, in admission order per context
+// (invariant 7), before the record is durable; CommandDispatched is
+// emitted once it is.
+func (r *Registry) dispatch(c *command, conn Conn, now time.Time) {
+	w := c.ctx
+	c.conn, c.dispatched = conn, true
+	c.dispatchedTo = w.client
+	w.client.dispatched[c] = struct{}{}
+	if c.traced {
+		c.wallDispatched = time.Now().UnixNano()
 	}
-}
-
-// flushQueue dispatches the durable prefix of w's FIFO; r.mu is held. A
-// context that is not live any more ends its queued commands disconnected.
-func (r *Registry) flushQueue(w *wctx) {
-	for len(w.queue) > 0 && w.queue[0].durable {
-		c := w.queue[0]
-		w.queue[0] = nil
-		w.queue = w.queue[1:]
-		if c.notice != nil {
-			r.sendQueuedNotice(w.client, c.notice)
-			continue
-		}
-		if r.commands[c.rec.CommandID] != c {
-			continue // ended while it waited for its record
-		}
-		conn := w.client.conn
-		if !w.live || conn == nil || w.client.contexts[w.id] != w {
-			r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the context was not live at dispatch"}, nil)
-			continue
-		}
-		now := r.clock.Now()
-		c.conn, c.dispatched = conn, true
-		c.dispatchedTo = w.client
-		w.client.dispatched[c] = struct{}{}
-		if c.traced {
-			c.wallDispatched = time.Now().UnixNano()
-		}
-		c.rec.Status = cheetah.StatusDispatched
-		r.write(nil, history.SetStatus{CommandID: c.rec.CommandID, Status: cheetah.StatusDispatched, At: now})
-		r.emit(r.commandEvent(CommandDispatched, c))
-		if c.rec.ResponseMode != cheetah.ModeNone {
-			// The timeout runs from dispatch; it is armed before the frame
-			// leaves so that no answer can beat it.
-			c.timer = r.afterFunc(time.Duration(c.frame.TimeoutMS)*time.Millisecond, func() {
-				r.endCommand(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)}, nil)
-			})
-		}
-		sealNotices(w.client) // later notices follow the command
-		if !conn.Send(c.frame) {
-			// The connection's queue is full: it is closing itself, and the
-			// command ends with it.
-			r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client does not read"}, nil)
-			continue
-		}
-		if c.rec.ResponseMode == cheetah.ModeNone {
-			// Nothing more is expected; untrack it but remember where it went.
-			r.untrackNone(c, now)
-		}
+	if c.rec.ResponseMode != cheetah.ModeNone {
+		// The timeout runs from dispatch; it is armed before the frame
+		// leaves so that no answer can beat it.
+		c.timer = r.afterFunc(time.Duration(c.frame.TimeoutMS)*time.Millisecond, func() {
+			r.endCommand(c, cheetah.StatusTimedOut, &cheetah.ErrorInfo{Code: "timed_out", Message: fmt.Sprintf("no terminal message within %d ms", c.frame.TimeoutMS)}, nil)
+		})
+	}
+	sealNotices(w.client) // later notices follow the command
+	if !conn.Send(c.frame) {
+		// The connection's queue is full: it is closing itself, and the
+		// command ends with it.
+		r.endCommand(c, cheetah.StatusDisconnected, &cheetah.ErrorInfo{Code: "disconnected", Message: "the client does not read"}, nil)
+		return
+	}
+	if c.rec.ResponseMode == cheetah.ModeNone {
+		// Nothing more is expected; untrack it but remember where it went.
+		r.untrackNone(c, now)
 	}
 }
 
@@ -497,8 +617,19 @@ func (r *Registry) untrackNone(c *command, now time.Time) {
 	if c.traced {
 		c.wallEnded = c.wallDispatched
 	}
-	r.emitEnded(c, false)
+	r.emitEndedUntracked(c)
 	r.endSpansLater(c, c.rec.Status, nil, "")
+}
+
+// emitEndedUntracked emits the CommandEnded of a command that stopped being
+// tracked without an end of its own (response mode none): now when it is
+// announced, else after its CommandAdmitted; r.mu is held.
+func (r *Registry) emitEndedUntracked(c *command) {
+	if c.durable {
+		r.emitEnded(c, false)
+	} else {
+		c.endedEarly = true
+	}
 }
 
 // endCommand ends c with status: the broker's own decision (a timeout, a
@@ -532,7 +663,8 @@ func (r *Registry) endCommand(c *command, status cheetah.Status, e *cheetah.Erro
 	c.endedAt = now
 	c.ending = true
 	r.ending[c] = struct{}{}
-	r.write(func(werr error) { r.endWritten(c, werr) }, ops...)
+	// With the record when it is still held: one commit for both.
+	r.releaseHeld(c, func(werr error) { r.endWritten(c, werr) }, ops...)
 }
 
 // unpreserve drops c's hold on its lease; r.mu is held. When the caller

@@ -10,13 +10,15 @@
 // operations small enough for a PostgreSQL-backed registry to implement the
 // same way later (conditional UPDATE … RETURNING per operation).
 //
-// A command is admitted under the lock (ownership checked, lease renewed,
-// position in its context's FIFO taken), recorded durably outside it (group
-// commit in the history store), and dispatched under the lock again once its
-// record and every record ahead of it in the FIFO are durable. So a command id
-// is returned only after its record is durable, nothing unrecorded is ever
-// dispatched, and commands reach a client in admission order even when a
-// later assignment of the same context sends too.
+// A command is admitted and dispatched in one step under the lock
+// (ownership checked, lease renewed, its record's insert handed to the
+// ordered outbox, its frame handed to the connection), so commands and
+// assignment frames reach a client in the order they happened. Dispatch
+// overlaps the record's commit (invariant 9): the sender is told the id
+// once the store's callback says the record is durable, a waiting sender
+// its resolution once the terminal message is durable too. The insert of a
+// waited command may be held back briefly (Config.InsertDelay) so that a
+// quick answer shares its commit.
 //
 // Nothing under the lock waits on the store or on anyone else: epochs come
 // from a block reserved ahead in the background (an acquire that finds it

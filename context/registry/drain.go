@@ -73,8 +73,8 @@ func (r *Registry) InFlight() int {
 
 // Interrupt ends every command still in flight with status interrupted,
 // recorded in history like any other end, and hands their waiting callers
-// that resolution. A command whose record is still being written ends so as
-// soon as it is durable. It returns how many commands it ended, once every
+// that resolution (once their record is durable too). It returns how many
+// commands it ended, once every
 // one of those ends is durable, or when ctx ends first. It drains the
 // registry first if Drain was not called.
 //
@@ -88,16 +88,14 @@ func (r *Registry) Interrupt(ctx context.Context) (int, error) {
 		r.mu.Unlock()
 		return 0, nil // Close resolved whatever was left
 	}
-	r.interrupting = true
 	n := 0
 	for _, c := range r.commands {
 		if c.rec.ResponseMode != cheetah.ModeNone {
 			n++
 		}
-		if c.durable {
-			r.interrupt(c)
-		}
-		// Not durable yet: admit ends it once its record is written.
+		// Every command in flight was dispatched at admission; one whose
+		// record is not durable yet has its end written after it.
+		r.interrupt(c)
 	}
 	idle := r.idle
 	r.mu.Unlock()
@@ -119,13 +117,13 @@ func (r *Registry) Interrupt(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// interrupt ends durable command c as interrupted; r.mu is held.
+// interrupt ends command c as interrupted; r.mu is held.
 func (r *Registry) interrupt(c *command) {
 	if c.rec.ResponseMode == protocol.ResponseNone {
 		r.untrack(c)
 		c.res = cheetah.Resolution{CommandID: c.rec.CommandID, TraceID: c.rec.TraceID, Status: c.rec.Status}
 		c.endedAt = r.clock.Now()
-		r.emitEnded(c, false)
+		r.emitEndedUntracked(c)
 		r.endSpansLater(c, c.rec.Status, nil, "")
 		return
 	}

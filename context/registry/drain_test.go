@@ -130,50 +130,47 @@ func TestWaitIdle(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// A command whose record is being written when Interrupt comes ends
-// interrupted as soon as it is durable, and its caller hears so.
+// A command whose record is being written when Interrupt comes was
+// dispatched already (dispatch overlaps the record's commit): it ends
+// interrupted, its end written after its record, and its caller hears so
+// only once the record is durable too.
 func TestInterruptWhileWriting(t *testing.T) {
 	t.Parallel()
-	gate := make(chan struct{})
-	e := setup(t, func(cfg *registry.Config) { cfg.Store = &slowStore{Store: cfg.Store, gate: gate} })
+	hs := &holdingStore{}
+	e := setup(t, func(cfg *registry.Config) {
+		hs.Store = cfg.Store.(*history.Store)
+		cfg.Store = hs
+	})
 	c := e.connect("a", cheetah.Console, nil, worker("w1"))
 	l := e.mustAcquire("t")
+	hs.setHold(true)
 	done := e.sendAndWait(l, "pending")
-	require.Eventually(t, func() bool { return e.reg.InFlight() == 1 }, 10*time.Second, time.Millisecond)
+	f := cmdFrame(t, c, 1)
 
-	// An Interrupt that stops waiting at once still marks the command: it
-	// ends once its record is written.
+	// An Interrupt that stops waiting at once still ends the command.
 	cctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	n, err := e.reg.Interrupt(cctx)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 1, n)
-	close(gate)
+	select {
+	case w := <-done:
+		t.Fatalf("answered %+v before the record's commit came back", w)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, hs.Store.Write(context.Background()), "everything handed over is written")
+	hs.release()
 	w := receive(t, done)
+	require.NoError(t, w.err)
 	require.Equal(t, cheetah.StatusInterrupted, w.res.Status)
+	require.Equal(t, f.CommandID, w.res.CommandID)
 	n, err = e.reg.Interrupt(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n)
 	rec, err := e.store.Get(context.Background(), user, w.res.CommandID)
 	require.NoError(t, err)
 	require.Equal(t, cheetah.StatusInterrupted, rec.Status)
-	for _, f := range c.conn.all() {
-		_, isCmd := f.(*protocol.Command)
-		require.False(t, isCmd, "an interrupted command is not dispatched")
-	}
-}
-
-// slowStore holds the first command insert until gate is closed.
-type slowStore struct {
-	registry.Store
-	gate chan struct{}
-}
-
-func (s *slowStore) Write(ctx context.Context, ops ...history.Op) error {
-	if len(ops) > 0 {
-		<-s.gate
-	}
-	return s.Store.Write(ctx, ops...)
+	require.NotNil(t, rec.DispatchedAt)
 }
 
 // Every command has a valid W3C trace id. With a recording tracer it is the

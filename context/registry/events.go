@@ -29,7 +29,9 @@ const (
 	// command whose record could not be written is never announced.
 	CommandAdmitted EventKind = "command.admitted"
 	// CommandDispatched: the command frame was handed to the client's
-	// connection.
+	// connection (At says when). That happens at admission, before the
+	// record is durable; the event is emitted right after CommandAdmitted,
+	// so that no event names a command before its record is committed.
 	CommandDispatched EventKind = "command.dispatched"
 	// CommandEnded: the registry stopped tracking a command. Status is its
 	// final status (a terminal one, or dispatched for response mode none,

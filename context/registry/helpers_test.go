@@ -175,7 +175,6 @@ func requireZero(t *testing.T, reg *registry.Registry) {
 	require.Zero(t, s.Leases, "leases")
 	require.Zero(t, s.Heap, "heap")
 	require.Zero(t, s.Commands, "commands")
-	require.Zero(t, s.Queued, "queued")
 	require.Zero(t, s.Waiters, "waiters")
 	require.Zero(t, s.Preserving, "preserving")
 	require.Zero(t, s.Clients, "clients")

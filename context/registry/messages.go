@@ -62,20 +62,20 @@ func (r *Registry) onLive(c *command, msg cheetah.Message, bytes []byte) {
 	switch msg.Kind {
 	case cheetah.KindAck:
 		if c.acked {
-			r.write(nil, app)
+			r.writeFor(c, app)
 			return
 		}
 		c.acked = true
 		if c.traced {
 			c.wallAcked = time.Now().UnixNano()
 		}
-		r.write(nil, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
+		r.writeFor(c, app, history.SetStatus{CommandID: id, Status: cheetah.StatusAcknowledged, At: msg.At})
 	case cheetah.KindResult:
 		r.endCommand(c, cheetah.StatusCompleted, nil, &app)
 	case cheetah.KindError:
 		r.endCommand(c, cheetah.StatusFailed, &cheetah.ErrorInfo{Code: msg.Code, Message: msg.Message, Data: msg.Data}, &app)
 	default:
-		r.write(nil, app)
+		r.writeFor(c, app)
 	}
 }
 

@@ -134,16 +134,10 @@ func (n *Notices) entry(contextID string) *noticeEntry {
 	return &n.entries[len(n.entries)-1]
 }
 
-// notify tells w's client of an assignment change, after every command
-// still waiting in w's queue; r.mu is held.
+// notify tells w's client of an assignment change; r.mu is held. Commands
+// are dispatched at admission, so no command of w waits for it: the
+// notice joins the client's open batch at once.
 func (r *Registry) notify(w *wctx, a protocol.Assignment) {
-	if len(w.queue) > 0 {
-		// Behind commands that are not dispatched yet; it joins a batch
-		// when it comes out.
-		f := a // only this path allocates the frame
-		w.queue = append(w.queue, &command{notice: &f, durable: true})
-		return
-	}
 	r.sendNotice(w.client, a)
 }
 
@@ -169,18 +163,6 @@ func (r *Registry) sendNotice(c *client, a protocol.Assignment) {
 	c.notices = b
 	if !nc.Notify(b) {
 		c.notices = nil
-	}
-}
-
-// sendQueuedNotice sends a notice that waited in a context's queue; r.mu
-// is held.
-func (r *Registry) sendQueuedNotice(c *client, f protocol.Frame) {
-	if a, ok := f.(*protocol.Assignment); ok {
-		r.sendNotice(c, *a)
-		return
-	}
-	if c.conn != nil {
-		c.conn.Send(f)
 	}
 }
 

@@ -14,8 +14,8 @@ import (
 // Nothing under r.mu waits on the store or on a subscriber. What a
 // transition must write is appended to the outbox, in the order the
 // registry decided it, and one goroutine (flushLoop) hands the outbox to
-// the store in that order: a command's dispatched status, its ack, its
-// messages and its terminal status reach the store as they were decided,
+// the store in that order: a command's record, its ack, its messages and
+// its terminal status reach the store as they were decided,
 // whichever goroutines decided them. The events of the transitions go to an
 // ordered queue the same way, and one goroutine (notifyLoop) delivers them
 // to the subscribers, ends the spans of the commands that ended, and hands
@@ -31,10 +31,13 @@ type outWrite struct {
 	barrier chan struct{}
 }
 
-// durableEnd is a command's end whose write came back from the store.
+// durableEnd is a command's record (record set) or end whose write came
+// back from the store. The store calls back in commit order, so a
+// command's record comes before its end.
 type durableEnd struct {
-	c   *command
-	err error
+	c      *command
+	err    error
+	record bool
 }
 
 // spanEnd is a command whose spans end off the lock.
@@ -235,7 +238,11 @@ func (r *Registry) notifyOnce(stopping bool) bool {
 
 	r.mu.Lock()
 	for _, d := range ends {
-		r.endDurable(d.c, d.err)
+		if d.record {
+			r.recordDurable(d.c, d.err)
+		} else {
+			r.endDurable(d.c, d.err)
+		}
 	}
 	events, spans := a.events.take(), a.spanEnds
 	a.spanEnds = nil
@@ -254,9 +261,14 @@ func (r *Registry) notifyOnce(stopping bool) bool {
 		r.tel.endSpans(s.c, s.status, s.e, s.terminal)
 	}
 	// After the events: a caller that has its resolution finds the
-	// command's duration counted and its spans ended.
+	// command's duration counted and its spans ended; a sender told its
+	// record is durable finds the command announced.
 	for _, d := range ends {
-		r.resolve(d.c, d.err)
+		if d.record {
+			r.recordTold(d.c, d.err)
+		} else {
+			r.resolve(d.c, d.err)
+		}
 	}
 	return len(ends) > 0 || len(events) > 0 || len(spans) > 0
 }
@@ -271,7 +283,10 @@ func (r *Registry) endDurable(c *command, werr error) {
 	c.ending = false
 	delete(r.ending, c)
 	r.unpreserve(c, true)
-	r.emitEnded(c, werr == nil)
+	if c.durable {
+		// One whose record could not be written was never announced.
+		r.emitEnded(c, werr == nil)
+	}
 	r.endSpansLater(c, c.res.Status, c.res.Error, c.terminal)
 }
 

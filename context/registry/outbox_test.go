@@ -16,10 +16,11 @@ import (
 )
 
 // While the store's queue is full (WriteAsync blocks), the registry goes on:
-// sends are dispatched, the client's messages are taken, leases renew, and
-// once the store takes writes again they reach it in the order the registry
-// decided them: dispatched, ack, the messages in their order, the terminal
-// status.
+// sends are dispatched (dispatch overlaps the record's commit), the
+// client's messages are taken, leases renew; the senders are answered once
+// their records are durable, and the writes reach the store in the order
+// the registry decided them: the record, ack, the messages in their order,
+// the terminal status.
 func TestBlockedWritesNeverStallTheRegistry(t *testing.T) {
 	t.Parallel()
 	bs := &blockingWrites{Store: historytest.NewSQLite(t), gate: make(chan struct{}), entered: make(chan struct{})}
@@ -41,37 +42,34 @@ func TestBlockedWritesNeverStallTheRegistry(t *testing.T) {
 		leases = append(leases, e.mustAcquire("t"))
 	}
 
+	sent := make(chan error, len(leases))
+	ids := make([]string, len(leases))
+	var wg sync.WaitGroup
+	for i, l := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := e.reg.Send(ctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{Timeout: time.Hour})
+			ids[i] = s.CommandID
+			sent <- err
+		}()
+	}
 	finished := make(chan struct{})
 	errs := make(chan error, 64)
-	ids := make([]string, len(leases))
 	go func() {
 		defer close(finished)
-		var wg sync.WaitGroup
-		for i, l := range leases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sent, err := e.reg.Send(ctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{Timeout: time.Hour})
-				if err != nil {
+		for _, l := range leases {
+			for range 10 {
+				if _, err := e.reg.Renew(ctx, l, 0); err != nil {
 					errs <- err
-					return
 				}
-				ids[i] = sent.CommandID
-				for range 10 {
-					if _, err := e.reg.Renew(ctx, l, 0); err != nil {
-						errs <- err
-					}
-					_ = e.reg.Stats()
-				}
-			}()
-		}
-		wg.Wait()
-		// The client answers every command with an ack, three events and
-		// a result.
-		for _, id := range ids {
-			if id == "" {
-				continue
+				_ = e.reg.Stats()
 			}
+		}
+		// The client answers every command with an ack, three events and
+		// a result, while no record is durable yet.
+		for n := 1; n <= len(leases); n++ {
+			id := cmdFrame(t, c, n).CommandID
 			e.reg.ClientMessage(ctx, c.att, &protocol.Ack{CommandID: id})
 			for j := range 3 {
 				e.reg.ClientMessage(ctx, c.att, &protocol.Event{CommandID: id, Name: fmt.Sprintf("e%d", j)})
@@ -89,14 +87,23 @@ func TestBlockedWritesNeverStallTheRegistry(t *testing.T) {
 		require.NoError(t, err)
 	}
 	select {
-	case <-bs.entered:
+	case err := <-sent:
+		t.Fatalf("a send was answered (%v) before its record could be written", err)
 	default:
+	}
+	select {
+	case <-bs.entered:
+	case <-time.After(10 * time.Second):
 		t.Fatal("the store never blocked: the test proves nothing")
 	}
 	require.Zero(t, e.reg.Stats().Commands, "every command ended in the registry")
 
 	close(bs.gate)
 	opened = true
+	wg.Wait()
+	for range leases {
+		require.NoError(t, <-sent)
+	}
 	// Interrupt (nothing is left in flight) returns once everything handed
 	// to the store is written.
 	n, err := e.reg.Interrupt(ctx)

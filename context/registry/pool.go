@@ -65,9 +65,6 @@ type wctx struct {
 	idleOn             *idleList
 	idlePrev, idleNext *wctx
 	idleSince          time.Time
-	// queue holds commands admitted on this context and not yet dispatched,
-	// in admission order. Only its durable prefix is ever dispatched.
-	queue []*command
 	// inflight counts this context's commands admitted and not yet ended.
 	inflight int
 	// ident names it in the memory of ended leases (made on first use).

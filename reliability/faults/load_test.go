@@ -280,19 +280,26 @@ func killLoop(t *testing.T, dsn string) {
 			total++
 		}
 	}
-	// Every command an agent was sent has a record: nothing was dispatched
-	// that history does not know.
+	// A command an agent was sent may have no record: dispatch overlaps the
+	// record's commit (invariant 9), and a kill between the two leaves a
+	// command that no caller was told of (every id a caller was given is
+	// checked above). Those are counted, not refused.
 	received := chk.Commands()
+	unrecorded := 0
 	for id := range received {
 		if verified[id] {
 			continue
 		}
 		_, ans := api.Read(context.Background(), app, user, id)
-		require.Equal(t, 200, ans.Status, "an agent got command %s, which has no record", id)
+		if ans.Status == 404 {
+			unrecorded++
+			continue
+		}
+		require.Equal(t, 200, ans.Status, "reading command %s an agent got: %s", id, ans)
 	}
 	require.Empty(t, chk.Errors(), "the agents' checker")
-	t.Logf("%d SIGKILLs survived: %d command ids returned and found, %d waits cut by the kill, %d commands interrupted, %d commands received by agents, highest epoch %d",
-		*rounds, total, cut, interrupted, len(received), maxEpoch)
+	t.Logf("%d SIGKILLs survived: %d command ids returned and found, %d waits cut by the kill, %d commands interrupted, %d commands received by agents (%d of them never recorded, told to no caller), highest epoch %d",
+		*rounds, total, cut, interrupted, len(received), unrecorded, maxEpoch)
 	require.NoError(t, serve.Proc.Stop(30*time.Second))
 	noSecrets(t, serve.AllLogs(), adminKey, app, cli)
 }

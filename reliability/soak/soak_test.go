@@ -244,7 +244,6 @@ func soak(t *testing.T, store string) {
 	require.Zero(t, st.Leases, "leases")
 	require.Zero(t, st.Heap, "deadline heap")
 	require.Zero(t, st.Commands, "commands")
-	require.Zero(t, st.Queued, "queued")
 	require.Zero(t, st.Waiters, "waiters")
 	require.Zero(t, st.Preserving, "preserving")
 	require.Zero(t, st.Clients, "clients")

@@ -1,0 +1,342 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Dispatch overlaps the record's commit (invariant 9); what the caller is
+// told waits for it. These tests read the store right after the registry
+// answers, on a real SQLite file and on PostgreSQL.
+
+var dialects = []struct {
+	name string
+	open func(testing.TB, ...historytest.Option) *history.Store
+}{
+	{"sqlite", historytest.NewSQLite},
+	{"postgres", historytest.NewPostgres},
+}
+
+// setupOn is setup over store.
+func setupOn(t *testing.T, store registry.Store, base *history.Store, tweak ...func(*registry.Config)) *env {
+	t.Helper()
+	e := setup(t, append([]func(*registry.Config){func(c *registry.Config) { c.Store = store }}, tweak...)...)
+	e.store = base
+	return e
+}
+
+// answering is a client connection that answers every command frame with
+// an ack and a result, on a goroutine of its own, as soon as it is sent.
+type answering struct {
+	*fakeConn
+	cmds chan *protocol.Command
+}
+
+func newAnswering() *answering {
+	return &answering{fakeConn: newFakeConn(), cmds: make(chan *protocol.Command, 64)}
+}
+
+func (a *answering) Send(f protocol.Frame) bool {
+	if !a.fakeConn.Send(f) {
+		return false
+	}
+	if cmd, ok := f.(*protocol.Command); ok {
+		a.cmds <- cmd
+	}
+	return true
+}
+
+// serve answers the commands sent to a until ctx ends.
+func (a *answering) serve(ctx context.Context, reg *registry.Registry, att *registry.Attachment) {
+	for {
+		select {
+		case cmd := <-a.cmds:
+			reg.ClientMessage(ctx, att, &protocol.Ack{CommandID: cmd.CommandID})
+			reg.ClientMessage(ctx, att, &protocol.Result{CommandID: cmd.CommandID, Data: []byte(`{"echo":true}`)})
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// connectAnswering connects a console client with one worker context whose
+// connection answers every command at once.
+func (e *env) connectAnswering(t *testing.T) {
+	t.Helper()
+	conn := newAnswering()
+	att := e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "answering", Type: cheetah.Console, KeyID: "k1"}, conn)
+	e.reg.Report(att, []protocol.ContextReport{worker("w1")})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		conn.serve(ctx, e.reg, att)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// Send answers only once its record is durable: the id it returns reads
+// back from the store at once, and while the store holds the record's
+// commit back, Send waits although the command is dispatched already.
+func TestSendIDDurableWhenReturned(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			base := d.open(t)
+			hs := &holdingStore{Store: base}
+			e := setupOn(t, hs, base)
+			c := e.connect("a", cheetah.Console, nil, worker("w1"))
+			l := e.mustAcquire("t")
+			ctx := context.Background()
+			for range 20 {
+				s, err := e.reg.Send(ctx, l, cheetah.Command{Name: "n"}, cheetah.SendOptions{})
+				require.NoError(t, err)
+				rec, err := base.Get(ctx, user, s.CommandID)
+				require.NoError(t, err, "the id returned reads back")
+				require.Equal(t, cheetah.StatusDispatched, rec.Status)
+				require.NotNil(t, rec.DispatchedAt)
+			}
+
+			hs.setHold(true)
+			sent := make(chan error, 1)
+			go func() {
+				_, err := e.reg.Send(ctx, l, cheetah.Command{Name: "held"}, cheetah.SendOptions{})
+				sent <- err
+			}()
+			f := cmdFrame(t, c, 21)
+			require.Equal(t, "held", f.Name, "dispatched before the record's commit came back")
+			select {
+			case err := <-sent:
+				t.Fatalf("Send answered (%v) before its record's commit came back", err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			require.NoError(t, base.Write(ctx))
+			hs.release()
+			require.NoError(t, <-sent)
+		})
+	}
+}
+
+// OnAdmitted (the HTTP wait's early header) fires only once the record is
+// durable; SendAndWait returns once the record and the terminal message
+// both are (invariants 8 and 9).
+func TestOnAdmittedAndResolutionWaitForDurability(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			base := d.open(t)
+			hs := &holdingStore{Store: base}
+			e := setupOn(t, hs, base)
+			c := e.connect("a", cheetah.Console, nil, worker("w1"))
+			l := e.mustAcquire("t")
+			ctx := context.Background()
+
+			hs.setHold(true)
+			admitted := make(chan error, 1)
+			done := make(chan waited, 1)
+			go func() {
+				res, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "n"}, cheetah.SendOptions{
+					OnAdmitted: func(s cheetah.Sent) {
+						_, err := base.Get(ctx, user, s.CommandID)
+						admitted <- err
+					}})
+				done <- waited{res, err}
+			}()
+			f := cmdFrame(t, c, 1)
+			e.reg.ClientMessage(ctx, c.att, &protocol.Ack{CommandID: f.CommandID})
+			e.result(c, f.CommandID, `{"ok":1}`)
+			select {
+			case <-admitted:
+				t.Fatal("OnAdmitted fired before the record's commit came back")
+			case w := <-done:
+				t.Fatalf("SendAndWait answered %+v before the commit came back", w)
+			case <-time.After(50 * time.Millisecond):
+			}
+			require.NoError(t, base.Write(ctx))
+			hs.release()
+			require.NoError(t, <-admitted, "the record reads back inside OnAdmitted")
+			w := receive(t, done)
+			require.NoError(t, w.err)
+			require.Equal(t, cheetah.StatusCompleted, w.res.Status)
+
+			// Without holding: every return reads back its record and its
+			// terminal message.
+			e.connectAnswering(t)
+			l2 := e.mustAcquire("t2", func(r *cheetah.AcquireRequest) { r.ClientID = "answering" })
+			for range 20 {
+				var seen string
+				res, err := e.reg.SendAndWait(ctx, l2, cheetah.Command{Name: "echo"}, cheetah.SendOptions{
+					OnAdmitted: func(s cheetah.Sent) {
+						if _, err := base.Get(ctx, user, s.CommandID); err != nil {
+							seen = err.Error()
+						}
+					}})
+				require.NoError(t, err)
+				require.Empty(t, seen, "OnAdmitted before the record was durable")
+				require.Equal(t, cheetah.StatusCompleted, res.Status)
+				rec, err := base.Get(ctx, user, res.CommandID)
+				require.NoError(t, err)
+				require.Equal(t, cheetah.StatusCompleted, rec.Status)
+				require.Len(t, rec.Messages, 2)
+				require.Equal(t, cheetah.KindResult, rec.Messages[1].Kind)
+				require.NotNil(t, rec.DispatchedAt)
+				require.NotNil(t, rec.AckedAt)
+			}
+		})
+	}
+}
+
+// A client that answers before the record's insert is handed to the store
+// makes the insert, the ack and the terminal one commit: with the delay
+// long enough to wait for the answer, every round trip costs exactly one
+// transaction of the store's writer. With the delay off, it costs more
+// (logged: two as a rule, the insert and the end).
+func TestFastResultOneCommit(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			for _, delay := range []time.Duration{time.Minute, -1} {
+				base := d.open(t)
+				e := setupOn(t, base, base, func(c *registry.Config) { c.InsertDelay = delay })
+				e.connectAnswering(t)
+				l := e.mustAcquire("t")
+				ctx := context.Background()
+				const n = 20
+				before := base.Stats().Batches
+				for range n {
+					res, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{})
+					require.NoError(t, err)
+					require.Equal(t, cheetah.StatusCompleted, res.Status)
+				}
+				commits := base.Stats().Batches - before
+				t.Logf("%s, delay %v: %d commits for %d round trips", d.name, delay, commits, n)
+				if delay > 0 {
+					require.EqualValues(t, n, commits, "one commit per round trip")
+				}
+			}
+		})
+	}
+}
+
+// insertFailing is a store that fails every write holding a command's
+// insert, as a database that went away would, without writing it.
+type insertFailing struct {
+	*history.Store
+	mu   sync.Mutex
+	fail bool
+}
+
+func (s *insertFailing) WriteAsync(done func(error), ops ...history.Op) {
+	s.mu.Lock()
+	fail := s.fail
+	s.mu.Unlock()
+	for _, op := range ops {
+		if _, ok := op.(history.InsertCommand); ok && fail {
+			if done != nil {
+				go done(cheetah.StoreUnavailable("insert failing", errors.New("the database went away")))
+			}
+			return
+		}
+	}
+	s.Store.WriteAsync(done, ops...)
+}
+
+// A record that cannot be written after its command was dispatched: the
+// sender is told store_unavailable (never the id), the client is sent a
+// cancel for the command it already has, and the registry keeps nothing of
+// it. The client's late answer is answered as for an ended command.
+func TestInsertFailsAfterDispatch(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewSQLite(t)
+	fs := &insertFailing{Store: base, fail: true}
+	e := setupOn(t, fs, base)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ctx := context.Background()
+
+	_, err := e.reg.Send(ctx, l, cheetah.Command{Name: "plain"}, cheetah.SendOptions{})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	f := cmdFrame(t, c, 1)
+	cancel := waitFor(t, c.conn, func(x *protocol.Cancel) bool { return x.CommandID == f.CommandID })
+	require.NotEmpty(t, cancel.Reason)
+
+	res, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "waited"}, cheetah.SendOptions{})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	require.Empty(t, res.CommandID, "no id told")
+	f = cmdFrame(t, c, 2)
+	waitFor(t, c.conn, func(x *protocol.Cancel) bool { return x.CommandID == f.CommandID })
+	// The frames in order: command, cancel, command, cancel.
+	var kinds []string
+	for _, fr := range c.conn.all() {
+		switch fr.(type) {
+		case *protocol.Command:
+			kinds = append(kinds, "command")
+		case *protocol.Cancel:
+			kinds = append(kinds, "cancel")
+		}
+	}
+	require.Equal(t, []string{"command", "cancel", "command", "cancel"}, kinds)
+	require.Eventually(t, func() bool { s := e.reg.Stats(); return s.Commands == 0 && s.Preserving == 0 },
+		10*time.Second, time.Millisecond, "nothing kept")
+
+	// The store answers again: the lease serves.
+	fs.mu.Lock()
+	fs.fail = false
+	fs.mu.Unlock()
+	s, err := e.reg.Send(ctx, l, cheetah.Command{Name: "again"}, cheetah.SendOptions{})
+	require.NoError(t, err)
+	_, err = base.Get(ctx, user, s.CommandID)
+	require.NoError(t, err)
+	ok, err := e.reg.Release(ctx, l)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+// The database stops answering while a command's record is being written,
+// after the command was dispatched: the sender is told store_unavailable
+// and the client a cancel; the insert and the end are held by the store and
+// written once the database answers, so history then shows the command
+// cancelled with error store_unavailable (docs/behaviour.md).
+func TestInsertDuringOutageShowsCancelledLater(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewSQLite(t, historytest.BusyTimeout(200*time.Millisecond))
+	e := setupOn(t, base, base)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ctx := context.Background()
+
+	restore := historytest.Outage(t, base)
+	_, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "unrecorded"}, cheetah.SendOptions{})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	f := cmdFrame(t, c, 1)
+	waitFor(t, c.conn, func(x *protocol.Cancel) bool { return x.CommandID == f.CommandID })
+	// The client answers the cancel as a client does.
+	e.reg.ClientMessage(ctx, c.att, &protocol.Error{CommandID: f.CommandID, Code: "cancelled", Message: "stopped"})
+
+	restore()
+	var rec cheetah.CommandRecord
+	require.Eventually(t, func() bool {
+		rec, err = base.Get(ctx, user, f.CommandID)
+		return err == nil && rec.Status.Terminal() && len(rec.Messages) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the held insert and end are written once the database answers")
+	require.Equal(t, cheetah.StatusCancelled, rec.Status)
+	require.NotNil(t, rec.Error)
+	require.Equal(t, cheetah.CodeStoreUnavailable, rec.Error.Code)
+	require.NotNil(t, rec.DispatchedAt)
+	require.True(t, rec.Messages[0].Late, "the client's answer after the cancel is late")
+	require.Zero(t, e.reg.Stats().Commands)
+}
