@@ -185,7 +185,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 // checked as the HTTP API checks X-Callback-Url, and signed with
 // Options.WebhookSecret. Its spans come from the broker's tracer provider.
 func (b *Broker) Manager() *cheetah.Manager {
-	return cheetah.NewManager(checked{b.Webhooks.Guard(b.Registry)}, cheetah.WithTracerProvider(b.Telemetry.TracerProvider()))
+	return cheetah.NewManager(b.Webhooks.Guard(b.Registry), cheetah.WithTracerProvider(b.Telemetry.TracerProvider()))
 }
 
 // Drain begins a graceful shutdown. It stops taking new work: /readyz

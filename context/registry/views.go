@@ -14,8 +14,8 @@ var _ cheetah.Backend = (*Registry)(nil)
 // ListAvailable returns the user's idle contexts in selection order (longest
 // idle first); an empty clientType lists both types, browsers first.
 func (r *Registry) ListAvailable(_ context.Context, userID string, clientType cheetah.ClientType) ([]cheetah.ContextSnapshot, error) {
-	if !protocol.ValidUserID(userID) {
-		return nil, cheetah.Invalidf("user_id %q is not a valid id", userID)
+	if err := cheetah.CheckID("user_id", userID); err != nil {
+		return nil, err
 	}
 	types := []cheetah.ClientType{cheetah.Browser, cheetah.Console}
 	if clientType != "" {
@@ -44,8 +44,14 @@ func (r *Registry) ListAvailable(_ context.Context, userID string, clientType ch
 // TaskContexts returns the active leases of a task, without tokens, ordered
 // by epoch.
 func (r *Registry) TaskContexts(_ context.Context, userID, taskID string) ([]cheetah.Lease, error) {
-	if !protocol.ValidUserID(userID) {
-		return nil, cheetah.Invalidf("user_id %q is not a valid id", userID)
+	if err := cheetah.CheckID("user_id", userID); err != nil {
+		return nil, err
+	}
+	// No task id is no task: an empty list.
+	if taskID != "" {
+		if err := cheetah.CheckTaskID("task_id", taskID); err != nil {
+			return nil, err
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,16 +71,28 @@ func (r *Registry) TaskContexts(_ context.Context, userID, taskID string) ([]che
 
 // ReadCommand reads one command of a user from history.
 func (r *Registry) ReadCommand(ctx context.Context, userID, commandID string) (cheetah.CommandRecord, error) {
-	if !protocol.ValidUserID(userID) {
-		return cheetah.CommandRecord{}, cheetah.Invalidf("user_id %q is not a valid id", userID)
+	if err := cheetah.CheckID("user_id", userID); err != nil {
+		return cheetah.CommandRecord{}, err
+	}
+	if !protocol.ValidID(commandID) {
+		// No command has such an id, as the HTTP API answers.
+		return cheetah.CommandRecord{}, cheetah.NotFoundf("no command with that id")
 	}
 	return r.store.Get(ctx, userID, commandID)
 }
 
 // ListCommands pages through a user's commands, newest first.
 func (r *Registry) ListCommands(ctx context.Context, userID string, q cheetah.ListQuery) (cheetah.CommandPage, error) {
-	if !protocol.ValidUserID(userID) {
-		return cheetah.CommandPage{}, cheetah.Invalidf("user_id %q is not a valid id", userID)
+	if err := cheetah.CheckID("user_id", userID); err != nil {
+		return cheetah.CommandPage{}, err
+	}
+	if q.TaskID != "" {
+		if err := cheetah.CheckTaskID("task_id", q.TaskID); err != nil {
+			return cheetah.CommandPage{}, err
+		}
+	}
+	if err := cheetah.CheckText("cursor", q.Cursor); err != nil {
+		return cheetah.CommandPage{}, err
 	}
 	return r.store.List(ctx, userID, q)
 }
