@@ -116,6 +116,9 @@ func (r *Registry) handedOver(ctx context.Context) error {
 // was called and the outbox is empty.
 func (r *Registry) flushLoop() {
 	defer r.wg.Done()
+	// The drained batch goes back as the next outbox, so that appending
+	// under r.mu reuses its array instead of allocating one per flush.
+	var spare []outWrite
 	for {
 		stopping := false
 		select {
@@ -126,7 +129,7 @@ func (r *Registry) flushLoop() {
 		for {
 			r.mu.Lock()
 			batch := r.after.outbox
-			r.after.outbox = nil
+			r.after.outbox, spare = spare[:0], nil
 			if stopping && len(batch) == 0 {
 				r.after.outClosed = true
 			}
@@ -142,6 +145,7 @@ func (r *Registry) flushLoop() {
 				}
 				batch[i] = outWrite{}
 			}
+			spare = batch
 		}
 		if stopping {
 			return
