@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"gorm.io/gorm"
+
 	cheetah "github.com/cheetahbroker/cheetah"
 )
 
@@ -114,12 +116,23 @@ func (s *Store) ClaimDelivery(ctx context.Context, commandID string, attempts in
 // deliveries are only taken once the command has ended. Calling it again is
 // harmless.
 func (s *Store) ArmInterruptedDeliveries(ctx context.Context, at time.Time) (int64, error) {
-	res := s.db.WithContext(ctx).Table("commands").
-		Where("status_rank < 3 AND response_mode <> ? AND callback_url IS NOT NULL AND delivery_next_at IS NULL",
-			string(cheetah.ModeNone)).
-		Update("delivery_next_at", utc(at))
+	res := s.armInterruptedRes(s.db.WithContext(ctx), at)
 	if res.Error != nil {
 		return 0, fail("history.ArmInterruptedDeliveries", res.Error)
 	}
 	return res.RowsAffected, nil
+}
+
+func (s *Store) armInterrupted(db *gorm.DB, at time.Time, op string) error {
+	if res := s.armInterruptedRes(db, at); res.Error != nil {
+		return fail(op, res.Error)
+	}
+	return nil
+}
+
+func (s *Store) armInterruptedRes(db *gorm.DB, at time.Time) *gorm.DB {
+	return db.Table("commands").
+		Where("status_rank < 3 AND response_mode <> ? AND callback_url IS NOT NULL AND delivery_next_at IS NULL",
+			string(cheetah.ModeNone)).
+		Update("delivery_next_at", utc(at))
 }

@@ -141,7 +141,34 @@ func decodeCursor(c string) (string, error) {
 // interrupted at at. The broker calls it at start: whatever was in flight
 // when it stopped will never get its answer through this process.
 func (s *Store) MarkInterrupted(ctx context.Context, at time.Time) (int64, error) {
-	res := s.db.WithContext(ctx).Model(&commandRow{}).
+	return s.markInterrupted(s.db.WithContext(ctx), at, "history.MarkInterrupted")
+}
+
+// orphaned selects the commands of replicas that are no longer members
+// (their rows are gone from replicas): the only ones a replica may end
+// without ending another live replica's work.
+const orphaned = "replica_id NOT IN (SELECT id FROM replicas)"
+
+// MarkOrphansInterrupted is MarkInterrupted for the replicas of one
+// PostgreSQL (DESIGN §9): it ends as interrupted the commands in flight of
+// replicas no longer members, and arms their webhook deliveries first, in
+// one transaction. Any replica may call it at any time, as often as it
+// likes; a command of a live replica is never touched.
+func (s *Store) MarkOrphansInterrupted(ctx context.Context, at time.Time) (int64, error) {
+	var n int64
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := s.armInterrupted(tx.Where(orphaned), at, "history.MarkOrphansInterrupted"); err != nil {
+			return err
+		}
+		var err error
+		n, err = s.markInterrupted(tx.Where(orphaned), at, "history.MarkOrphansInterrupted")
+		return err
+	})
+	return n, err
+}
+
+func (s *Store) markInterrupted(db *gorm.DB, at time.Time, op string) (int64, error) {
+	res := db.Model(&commandRow{}).
 		Where("status_rank < 3 AND response_mode <> ?", string(cheetah.ModeNone)).
 		Updates(map[string]any{
 			"status":        string(cheetah.StatusInterrupted),
@@ -151,7 +178,7 @@ func (s *Store) MarkInterrupted(ctx context.Context, at time.Time) (int64, error
 			"error_message": "the broker stopped before the command finished",
 		})
 	if res.Error != nil {
-		return 0, fail("history.MarkInterrupted", res.Error)
+		return 0, fail(op, res.Error)
 	}
 	return res.RowsAffected, nil
 }

@@ -63,6 +63,11 @@ type Config struct {
 	// MaxHeldBytes bounds what asynchronous writes may hold while the
 	// database does not answer (an estimate of their size). Default 64 MiB.
 	MaxHeldBytes int
+	// ReplicaID names this broker among the replicas of one PostgreSQL
+	// (DESIGN §9): every command row it writes carries it, through its
+	// connections' cheetah.replica_id setting. Empty for a broker that is
+	// no replica; SQLite ignores it.
+	ReplicaID string
 }
 
 // The dialects a Store runs on.
@@ -306,13 +311,23 @@ func migrationErr(op string, err error) error {
 	}
 }
 
+// IsPostgres reports whether a database URL names PostgreSQL.
+func IsPostgres(dbURL string) bool {
+	return strings.HasPrefix(dbURL, "postgres://") || strings.HasPrefix(dbURL, "postgresql://")
+}
+
 // resolve turns the config into a dialect, a gorm dialector and, for SQLite,
 // the database file.
 func resolve(cfg Config) (dialect string, d gorm.Dialector, dbFile string, err error) {
 	u := cfg.DatabaseURL
 	var path, query string
 	switch {
-	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
+	case IsPostgres(u):
+		if cfg.ReplicaID != "" {
+			if u, err = withRuntimeParam(u, replicaSetting, cfg.ReplicaID); err != nil {
+				return "", nil, "", err
+			}
+		}
 		return DialectPostgres, postgres.Open(u), "", nil
 	case u == "":
 		path = filepath.Join(cfg.DataDir, "cheetah.db")
@@ -330,6 +345,25 @@ func resolve(cfg Config) (dialect string, d gorm.Dialector, dbFile string, err e
 		return "", nil, "", cheetah.Invalidf("the SQLite database must be a file")
 	}
 	return DialectSQLite, gormsqlite.Open(sqliteDSN(path, query)), path, nil
+}
+
+// replicaSetting is the connection setting the commands table's replica_id
+// column takes its default from (migrations/postgres/00003_replicas.sql).
+const replicaSetting = "cheetah.replica_id"
+
+// withRuntimeParam adds a run-time parameter to a PostgreSQL URL: pgx sends
+// every query parameter it does not know at connection start, where
+// PostgreSQL takes it as a setting of the session.
+func withRuntimeParam(dbURL, name, value string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		// url.Parse's error repeats the URL, password included.
+		return "", cheetah.Invalidf("the database URL does not parse")
+	}
+	q := u.Query()
+	q.Set(name, value)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // sqliteDSN adds the pragmas every connection needs to a file path. The

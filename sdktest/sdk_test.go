@@ -15,6 +15,7 @@ import (
 	"github.com/cheetahbroker/cheetah/sdktest"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/clustertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -49,6 +50,41 @@ func TestSDK(t *testing.T) {
 			return env
 		})
 	})
+	// The remote SDK against three replicas on one PostgreSQL, behind a
+	// round-robin balancer: requests and client connections spread over
+	// the replicas (DESIGN §9).
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		sdktest.Run(t, func(t *testing.T) *sdktest.Env {
+			rs := clustertest.Start(t, 3, func(o *server.Options) { o.MaxBodyBytes = 5 << 20 })
+			lb := clustertest.Balancer(t, rs)
+			b := rs[0].Broker
+			key := makeKey(t, b, auth.App, "")
+			admin := remote.NewClient(lb, clustertest.AdminKey)
+			c := remote.NewClient(lb, key)
+			return &sdktest.Env{
+				Manager: remote.New(lb, key),
+				URL:     lb,
+				ClientKey: func(t *testing.T, userID string) string {
+					return makeKey(t, b, auth.Client, userID)
+				},
+				Revoke: func(userID, clientID, contextID string) bool {
+					var got struct{ Revoked bool }
+					err := admin.Do(context.Background(), "POST", "/api/v1/admin/users/"+userID+"/clients/"+clientID+"/contexts/"+contextID+"/revoke", nil, &got)
+					return err == nil && got.Revoked
+				},
+				Disconnect: func(userID, clientID string) bool {
+					var got struct{ Disconnected bool }
+					err := admin.Do(context.Background(), "DELETE", "/api/v1/admin/users/"+userID+"/clients/"+clientID, nil, &got)
+					return err == nil && got.Disconnected
+				},
+				SendToken: func(ctx context.Context, token string) error {
+					return c.Do(ctx, "POST", "/api/v1/commands", map[string]string{"name": "echo"}, nil, "X-Lease", token)
+				},
+				Skip: clusterKnown,
+			}
+		})
+	})
 }
 
 // Known differences between the implementations: bugs outside these
@@ -56,6 +92,7 @@ func TestSDK(t *testing.T) {
 var (
 	inProcessKnown = map[string]string{}
 	remoteKnown    = map[string]string{}
+	clusterKnown   = map[string]string{}
 )
 
 // brokerEnv opens a broker on a fresh SQLite file, serves it, and fills the

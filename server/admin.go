@@ -1,11 +1,15 @@
 package server
 
 import (
+	"cmp"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/gin-gonic/gin"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -22,29 +26,80 @@ func (s *Server) adminRoutes(admin *gin.RouterGroup) {
 	admin.DELETE("/users/:user_id/clients/:client_id", s.disconnect)
 }
 
+// Every admin view covers every replica (server/cluster.go).
+
 func (s *Server) pools(c *gin.Context) {
-	c.JSON(http.StatusOK, gin.H{"pools": s.reg.Pools()})
+	c.JSON(http.StatusOK, gin.H{"pools": mergePools(mergeList(s.reg.Pools(), s.gather(c, nil, http.StatusOK), "pools"))})
 }
 
 func (s *Server) clients(c *gin.Context) {
-	c.JSON(http.StatusOK, gin.H{"clients": s.reg.Clients(c.Query("user_id"))})
+	local := s.reg.Clients(c.Query("user_id"))
+	if m := s.cfg.Cluster; m != nil {
+		for i := range local {
+			local[i].Replica = m.ID()
+		}
+	}
+	all := mergeList(local, s.gather(c, nil, http.StatusOK), "clients")
+	slices.SortStableFunc(all, func(a, b registry.ClientView) int {
+		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.ClientID, b.ClientID))
+	})
+	c.JSON(http.StatusOK, gin.H{"clients": all})
 }
 
 // leases lists active leases; no admin view ever shows a token.
 func (s *Server) leases(c *gin.Context) {
-	c.JSON(http.StatusOK, gin.H{"leases": s.reg.Leases(c.Query("user_id"), c.Query("task_id"))})
+	local := s.reg.Leases(c.Query("user_id"), c.Query("task_id"))
+	c.JSON(http.StatusOK, gin.H{"leases": sortByEpoch(mergeList(local, s.gather(c, nil, http.StatusOK), "leases"))})
+}
+
+// sortByEpoch orders leases of several replicas as one registry does.
+func sortByEpoch(ls []cheetah.Lease) []cheetah.Lease {
+	slices.SortStableFunc(ls, func(a, b cheetah.Lease) int { return cmp.Compare(a.Epoch, b.Epoch) })
+	return ls
+}
+
+// mergePools adds up the pools of one user that several replicas report,
+// and orders them by user id.
+func mergePools(ps []registry.PoolView) []registry.PoolView {
+	byUser := map[string]int{}
+	out := ps[:0:0]
+	for _, p := range ps {
+		i, seen := byUser[p.UserID]
+		if !seen {
+			byUser[p.UserID] = len(out)
+			q := p
+			q.Contexts = maps.Clone(p.Contexts)
+			out = append(out, q)
+			continue
+		}
+		q := &out[i]
+		q.Clients += p.Clients
+		q.Leases += p.Leases
+		q.Waiters += p.Waiters
+		for k, v := range p.Contexts {
+			q.Contexts[k] += v
+		}
+	}
+	slices.SortFunc(out, func(a, b registry.PoolView) int { return cmp.Compare(a.UserID, b.UserID) })
+	return out
 }
 
 // revoke ends the lease on a context with reason revoked; the client gets an
 // assignment frame saying so.
 func (s *Server) revoke(c *gin.Context) {
 	ok := s.reg.Revoke(c.Param("user_id"), c.Param("client_id"), c.Param("context_id"))
+	if !ok {
+		ok = anyTrue(s.gather(c, nil, http.StatusOK), "revoked")
+	}
 	c.JSON(http.StatusOK, gin.H{"revoked": ok})
 }
 
 // disconnect closes a client's connection with 4403.
 func (s *Server) disconnect(c *gin.Context) {
 	ok := s.reg.DisconnectClient(c.Param("user_id"), c.Param("client_id"), protocol.CloseForbidden, "disconnected by an admin")
+	if !ok {
+		ok = anyTrue(s.gather(c, nil, http.StatusOK), "disconnected")
+	}
 	c.JSON(http.StatusOK, gin.H{"disconnected": ok})
 }
 
@@ -82,6 +137,6 @@ func (s *Server) revokeKey(c *gin.Context) {
 		s.fail(c, cheetah.NotFoundf("no active key %q", id))
 		return
 	}
-	n := s.reg.DisconnectKey(id, protocol.CloseForbidden, "the client key was revoked")
+	n := s.disconnectKeyEverywhere(c, id)
 	c.JSON(http.StatusOK, gin.H{"revoked": true, "disconnected": n})
 }

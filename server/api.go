@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +40,10 @@ func (s *Server) routes() *gin.Engine {
 			s.fail(c, errDraining)
 			return
 		}
+		if m := s.cfg.Cluster; m != nil && !m.Valid() {
+			s.fail(c, errFenced)
+			return
+		}
 		if !s.admitHello() {
 			c.Header("Retry-After", "1")
 			s.fail(c, &cheetah.Error{Code: cheetah.CodeOverloaded,
@@ -63,19 +66,23 @@ func (s *Server) routes() *gin.Engine {
 	// The API's description is public: it holds nothing a key protects.
 	g.GET("/api/v1/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPI) })
 
-	api := g.Group("/api/v1", s.authenticate(auth.App, auth.Admin), s.checkParams)
+	api := g.Group("/api/v1", s.clusterGate, s.authenticate(auth.App, auth.Admin), s.checkParams)
 	api.POST("/acquire", s.acquire)
-	api.POST("/commands", s.sendCommand)
-	api.POST("/commands/wait", s.sendAndWait)
-	api.POST("/lease/renew", s.renew)
-	api.POST("/lease/release", s.release)
+	api.POST("/commands", s.toHolder, s.sendCommand)
+	api.POST("/commands/wait", s.toHolder, s.sendAndWait)
+	api.POST("/lease/renew", s.toHolder, s.renew)
+	api.POST("/lease/release", s.toHolder, s.release)
 	api.POST("/lease/release-all", s.releaseAll)
 	api.GET("/users/:user_id/contexts/available", s.available)
 	api.GET("/users/:user_id/tasks/:task_id/leases", s.taskLeases)
 	api.GET("/users/:user_id/commands/:command_id", s.readCommand)
 	api.GET("/users/:user_id/commands", s.listCommands)
 
-	s.adminRoutes(g.Group("/api/v1/admin", s.authenticate(auth.Admin), s.checkParams))
+	s.adminRoutes(g.Group("/api/v1/admin", s.clusterGate, s.authenticate(auth.Admin), s.checkParams))
+	// What only another replica asks (server/cluster.go).
+	internal := g.Group("/internal/v1", s.clusterGate, s.peerOnly)
+	internal.POST("/keys/:id/disconnect", s.authenticate(auth.Admin), s.checkParams, s.disconnectKey)
+	internal.POST("/acquire/idle-since", s.authenticate(auth.App, auth.Admin), s.checkParams, s.idleSince)
 
 	g.NoRoute(func(c *gin.Context) {
 		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
@@ -98,6 +105,9 @@ func (s *Server) readyz(c *gin.Context) {
 	err := s.store.Health()
 	if err == nil {
 		err = s.store.Ping(c.Request.Context())
+	}
+	if m := s.cfg.Cluster; err == nil && m != nil && !m.Valid() {
+		err = errFenced
 	}
 	if err != nil {
 		s.fail(c, cheetah.StoreUnavailable("readyz", err))
@@ -203,12 +213,12 @@ func (s *Server) acquire(c *gin.Context) {
 		req.Wait = time.Duration(*b.WaitMS) * time.Millisecond
 	}
 	ctx := c.Request.Context()
-	l, err := s.reg.Acquire(ctx, req)
+	l, err := s.acquireAnywhere(c, req, b)
 	if ctx.Err() != nil {
 		// The caller went away while it waited: nobody would learn of a
 		// lease, so it is given back at once.
 		if err == nil {
-			_, _ = s.reg.Release(context.WithoutCancel(ctx), l)
+			s.releaseAnywhere(c, l)
 		}
 		return
 	}
@@ -386,6 +396,9 @@ func (s *Server) releaseAll(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
+	// Each token is known to one replica at most, so the counts add up.
+	body, _ := json.Marshal(b)
+	n += countOf(s.gather(c, body, http.StatusOK), "released")
 	c.JSON(http.StatusOK, gin.H{"released": n})
 }
 
@@ -395,7 +408,7 @@ func (s *Server) available(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"contexts": ctxs})
+	c.JSON(http.StatusOK, gin.H{"contexts": selectionOrder(mergeList(ctxs, s.gather(c, nil, http.StatusOK), "contexts"))})
 }
 
 func (s *Server) taskLeases(c *gin.Context) {
@@ -404,7 +417,7 @@ func (s *Server) taskLeases(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"leases": ls})
+	c.JSON(http.StatusOK, gin.H{"leases": sortByEpoch(mergeList(ls, s.gather(c, nil, http.StatusOK), "leases"))})
 }
 
 func (s *Server) readCommand(c *gin.Context) {

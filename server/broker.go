@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 	"github.com/cheetahbroker/cheetah/server/webhook"
@@ -66,6 +70,17 @@ type Options struct {
 	// file, so that a second broker refused on the same data directory
 	// names this one.
 	Listen string
+	// AdvertiseURL makes a broker on PostgreSQL a replica (DESIGN §9):
+	// the other replicas on the database reach it at this URL
+	// (http(s)://host:port). `cheetah serve` sets it from --listen, or
+	// --advertise-url. Empty, or on SQLite, the broker is alone.
+	AdvertiseURL string
+	// ReplicaTTL is how long a replica's membership lasts unless renewed
+	// (5 s); the others reap it 2 s after that. Tests shorten it.
+	ReplicaTTL time.Duration
+	// PeerTransport carries requests to the other replicas; nil is a
+	// clone of http.DefaultTransport.
+	PeerTransport http.RoundTripper
 }
 
 // Broker is the store, registry, keys and server wired together: what
@@ -82,7 +97,10 @@ type Broker struct {
 	Retention *Retention
 	// Telemetry holds the providers the broker reports to.
 	Telemetry *telemetry.Telemetry
-	ownTel    bool // Open built Telemetry, so Close shuts it down
+	// Cluster is this broker's membership among the replicas of its
+	// PostgreSQL; nil when it is alone (Options.AdvertiseURL).
+	Cluster *cluster.Member
+	ownTel  bool // Open built Telemetry, so Close shuts it down
 }
 
 // Open opens the store (applying migrations), marks commands left in flight
@@ -119,25 +137,34 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 	if o.Listen != "" {
 		holder = "a broker listening on " + o.Listen
 	}
+	replicaID := ""
+	if o.AdvertiseURL != "" && history.IsPostgres(o.DatabaseURL) {
+		replicaID = cluster.NewID()
+	}
 	store, err := history.Open(ctx, history.Config{DatabaseURL: o.DatabaseURL, DataDir: o.DataDir, Logger: o.Log,
-		MeterProvider: mp, Holder: holder})
+		MeterProvider: mp, Holder: holder, ReplicaID: replicaID})
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	// Commands about to be marked interrupted end without a SetStatus, so
-	// their webhook deliveries are armed first, at the same time.
-	now := o.Clock.Now()
-	if _, err := store.ArmInterruptedDeliveries(ctx, now); err != nil {
+	// The server is made later; the member reaches it through this.
+	var srvRef atomic.Pointer[Server]
+	var member *cluster.Member
+	if replicaID != "" {
+		// A replica ends only the commands of replicas that are gone (its
+		// own previous life among them), never another live one's.
+		member, err = cluster.Join(ctx, cluster.Config{Store: store, ID: replicaID, URL: o.AdvertiseURL,
+			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, OnFenced: func() {
+				if s := srvRef.Load(); s != nil {
+					s.CutClients(protocol.CloseGoingAway, "this replica lost the database; connect to another")
+				}
+			}})
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("join the replicas: %w", err)
+		}
+	} else if err := markInterrupted(ctx, store, o); err != nil {
 		store.Close()
-		return nil, fmt.Errorf("arm webhook deliveries: %w", err)
-	}
-	n, err := store.MarkInterrupted(ctx, now)
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("mark interrupted commands: %w", err)
-	}
-	if n > 0 {
-		o.Log.Info("commands in flight at the last stop are now interrupted", "count", n)
+		return nil, err
 	}
 	keys := auth.New(store, o.AdminKey, o.Clock.Now)
 	hooks, err := webhook.New(webhook.Config{
@@ -149,7 +176,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		return nil, err
 	}
 	reg, err := registry.New(ctx, registry.Config{
-		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL,
+		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL, TokenTag: replicaID,
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
 		MaxInFlightPerContext: o.MaxInFlightPerContext, TracerProvider: tp, MeterProvider: mp,
 	})
@@ -167,6 +194,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		MaxPendingHellos: o.MaxPendingHellos,
 		AllowedOrigins:   o.AllowedOrigins, LoopbackOnly: o.LoopbackOnly, Webhooks: hooks,
 		TracerProvider: tp, MeterProvider: mp, Metrics: tel.MetricsHandler(),
+		Cluster: member, PeerTransport: o.PeerTransport,
 	})
 	if err != nil {
 		reg.Close()
@@ -174,11 +202,35 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		store.Close()
 		return nil, err
 	}
+	srvRef.Store(srv)
+	if member != nil {
+		member.Start()
+	}
 	ret := NewRetention(RetentionConfig{Store: store, Keep: o.HistoryRetention, Interval: o.RetentionInterval,
 		Clock: o.Clock, Log: o.Log})
 	hooks.Start()
 	ret.Start()
-	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Retention: ret, Telemetry: tel}, nil
+	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Retention: ret, Telemetry: tel,
+		Cluster: member}, nil
+}
+
+// markInterrupted ends, at start, what a broker alone on its database had
+// in flight when it last stopped.
+func markInterrupted(ctx context.Context, store *history.Store, o Options) error {
+	// Commands about to be marked interrupted end without a SetStatus, so
+	// their webhook deliveries are armed first, at the same time.
+	now := o.Clock.Now()
+	if _, err := store.ArmInterruptedDeliveries(ctx, now); err != nil {
+		return fmt.Errorf("arm webhook deliveries: %w", err)
+	}
+	n, err := store.MarkInterrupted(ctx, now)
+	if err != nil {
+		return fmt.Errorf("mark interrupted commands: %w", err)
+	}
+	if n > 0 {
+		o.Log.Info("commands in flight at the last stop are now interrupted", "count", n)
+	}
+	return nil
 }
 
 // Manager is the in-process SDK over this broker. A send with a callback is
@@ -221,6 +273,10 @@ func (b *Broker) Drain(ctx context.Context, grace time.Duration) (int, error) {
 func (b *Broker) Close(ctx context.Context) error {
 	_, ierr := b.Registry.Interrupt(ctx)
 	err := b.Server.Shutdown(ctx)
+	if b.Cluster != nil {
+		// After the clients are closed: the others may take them at once.
+		err = errors.Join(err, b.Cluster.Stop(ctx))
+	}
 	b.Registry.Close()
 	b.Webhooks.Close()
 	b.Retention.Close()

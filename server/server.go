@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
@@ -86,6 +87,14 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Metrics serves GET /metrics (Prometheus text); nil answers 404.
 	Metrics http.Handler
+	// Cluster, when set, makes this server one replica of several on one
+	// PostgreSQL (DESIGN §9): requests that concern another replica's
+	// clients are passed to it, and none is answered while the replica is
+	// fenced.
+	Cluster *cluster.Member
+	// PeerTransport carries requests to the other replicas; nil is a clone
+	// of http.DefaultTransport.
+	PeerTransport http.RoundTripper
 }
 
 func (c *Config) fill() {
@@ -150,6 +159,9 @@ type Server struct {
 	beatStop chan struct{}
 	// bufs holds the encode buffers writers borrow.
 	bufs sync.Pool
+
+	// peerClient carries requests to the other replicas.
+	peerClient *http.Client
 }
 
 // New returns a Server for cfg.
@@ -169,6 +181,13 @@ func New(cfg Config) (*Server, error) {
 	s.tel = tel
 	if cfg.KeyRateLimit > 0 {
 		s.keyLimits = &keyLimits{perSecond: cfg.KeyRateLimit, byKey: map[string]*rate.Limiter{}}
+	}
+	if cfg.Cluster != nil {
+		t := cfg.PeerTransport
+		if t == nil {
+			t = http.DefaultTransport.(*http.Transport).Clone()
+		}
+		s.peerClient = &http.Client{Transport: t}
 	}
 	s.gin = s.routes()
 	return s, nil
@@ -226,6 +245,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("server: shutdown: %w", ctx.Err())
+	}
+}
+
+// CutClients closes every client connection with code, as a replica that
+// lost the database must: its clients reconnect to a replica that can act
+// for them. Unlike Shutdown, new connections are taken again afterwards.
+func (s *Server) CutClients(code protocol.CloseCode, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		sess.Close(code, reason)
 	}
 }
 

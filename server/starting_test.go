@@ -19,6 +19,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/server"
 )
 
@@ -44,66 +45,6 @@ func (h attemptLog) WithAttrs(as []slog.Attr) slog.Handler {
 }
 func (h attemptLog) WithGroup(g string) slog.Handler {
 	return attemptLog{ch: h.ch, text: h.text.WithGroup(g)}
-}
-
-// proxy forwards TCP connections from l to target until closed.
-type proxy struct {
-	l      net.Listener
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
-	wg     sync.WaitGroup
-}
-
-func startProxy(t *testing.T, addr, target string) *proxy {
-	t.Helper()
-	l, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
-	p := &proxy{l: l}
-	p.wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			if !p.track(c, up) {
-				return
-			}
-			p.wg.Go(func() { _, _ = io.Copy(up, c); _ = up.Close() })
-			p.wg.Go(func() { _, _ = io.Copy(c, up); _ = c.Close() })
-		}
-	})
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		for _, c := range cs {
-			_ = c.Close()
-		}
-		return false
-	}
-	p.conns = append(p.conns, cs...)
-	return true
-}
-
-func (p *proxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	_ = p.l.Close()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
 }
 
 func getStatus(t *testing.T, base, path string) (int, cheetah.Envelope) {
@@ -178,7 +119,7 @@ func TestOpenRetryWaitsForPostgres(t *testing.T) {
 	require.Equal(t, cheetah.CodeStoreUnavailable, env.Error.Code)
 
 	// The database comes (back): the broker opens and serves.
-	startProxy(t, addr, real.Host)
+	tcpproxy.Start(t, addr, real.Host)
 	var o opened
 	select {
 	case o = <-done:

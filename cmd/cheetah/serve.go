@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -42,6 +43,8 @@ type serveCmd struct {
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
 	TLSCert          string        `name:"tls-cert" and:"tls" type:"path" help:"PEM certificate (chain) file: serve HTTPS and wss:// on --listen; reloaded when it changes. Needs --tls-key."`
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
+	AdvertiseURL     string        `name:"advertise-url" help:"Where the other replicas on the same PostgreSQL reach this one (http(s)://host:port); default: --listen's address."`
+	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands 2s after that. Shorter fails over sooner, and fences sooner on a slow database."`
 }
 
 // shutdownGrace bounds what a graceful stop does after --shutdown-timeout:
@@ -59,6 +62,9 @@ func (c *serveCmd) Run() error {
 	}
 	if c.MaxMessageBytes < cheetah.MinMaxMessageBytes {
 		return fmt.Errorf("--max-message-bytes must be at least %d", cheetah.MinMaxMessageBytes)
+	}
+	if c.ReplicaTTL < time.Second {
+		return fmt.Errorf("--replica-ttl must be at least 1s")
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("--shutdown-timeout must not be negative")
@@ -128,13 +134,21 @@ func (c *serveCmd) Run() error {
 	} else {
 		go func() { errc <- httpSrv.Serve(ln) }()
 	}
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+	}
+	advertise := c.AdvertiseURL
+	if advertise == "" && history.IsPostgres(c.DatabaseURL) {
+		advertise = advertiseURL(scheme, ln.Addr().String(), c.Listen)
+	}
 	b, err := server.OpenRetry(ctx, server.Options{
 		DatabaseURL: c.DatabaseURL, DataDir: c.DataDir, AdminKey: c.AdminKey, DefaultTTL: c.DefaultTTL,
 		ReconnectGrace: c.ReconnectGrace, Heartbeat: c.Heartbeat, MaxMessageBytes: c.MaxMessageBytes, Log: log,
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
-		HistoryRetention: c.HistoryRetention, Listen: c.Listen,
+		HistoryRetention: c.HistoryRetention, Listen: c.Listen, AdvertiseURL: advertise, ReplicaTTL: c.ReplicaTTL,
 	}, server.DefaultRetry)
 	if err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
@@ -166,12 +180,12 @@ func (c *serveCmd) Run() error {
 		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
 	}
 	front.Ready(b.Server.Handler())
-	scheme := "http"
-	if certs != nil {
-		scheme = "https"
+	attrs := []any{"listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),
+		"traces", tel.Traces, "metrics", "prometheus:/metrics," + tel.Metrics}
+	if b.Cluster != nil {
+		attrs = append(attrs, "replica", b.Cluster.ID(), "advertise", b.Cluster.URL())
 	}
-	log.Info("cheetah serving", "listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),
-		"traces", tel.Traces, "metrics", "prometheus:/metrics,"+tel.Metrics)
+	log.Info("cheetah serving", attrs...)
 	if certs == nil && !loopback(c.Listen) {
 		log.Warn("serving plain HTTP beyond loopback: keys travel in clear unless a TLS proxy is in front; see --tls-cert")
 	}
@@ -248,4 +262,20 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// advertiseURL is where the other replicas reach this one when
+// --advertise-url is not given: the listen address, with this host's name
+// in place of an unspecified address (0.0.0.0, ::).
+func advertiseURL(scheme, bound, listen string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return scheme + "://" + listen
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if name, err := os.Hostname(); err == nil {
+			host = name
+		}
+	}
+	return scheme + "://" + net.JoinHostPort(host, port)
 }

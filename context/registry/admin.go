@@ -28,6 +28,9 @@ type ClientView struct {
 	SessionID   string             `json:"session_id,omitempty"`
 	ConnectedAt *time.Time         `json:"connected_at,omitempty"`
 	Contexts    int                `json:"contexts"`
+	// Replica is the replica the client is connected to, among several on
+	// one PostgreSQL; the server fills it in.
+	Replica string `json:"replica,omitempty"`
 }
 
 // Pools returns every user's pool, ordered by user id.

@@ -123,7 +123,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		return cheetah.Lease{}, fmt.Errorf("registry: acquire: %w", err)
 	}
 	// The token, its digest and the lease are made off the lock.
-	token := newToken()
+	token := newToken(r.cfg.TokenTag)
 	nl := &lease{key: keyOf(token), heapIndex: -1, acquired: sc}
 	r.mu.Lock()
 	var p *pool

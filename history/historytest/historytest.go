@@ -61,6 +61,23 @@ func BusyTimeout(d time.Duration) Option {
 	}
 }
 
+// Replica makes the store write as replica id of its PostgreSQL database
+// (history.Config.ReplicaID).
+func Replica(id string) Option { return func(t *target) { t.cfg.ReplicaID = id } }
+
+// Through makes the store reach its PostgreSQL server at hostport (a
+// tcpproxy, say) instead of the server's own address.
+func Through(hostport string) Option {
+	return func(t *target) {
+		u, err := url.Parse(t.cfg.DatabaseURL)
+		if err != nil || t.driver != "pgx" {
+			return
+		}
+		u.Host = hostport
+		t.cfg.DatabaseURL = u.String()
+	}
+}
+
 // NewSQLite returns a store on a new SQLite file in tb.TempDir(), closed when
 // the test ends.
 func NewSQLite(tb testing.TB, opts ...Option) *history.Store {
@@ -194,6 +211,18 @@ func Reopen(tb testing.TB, s *history.Store) *history.Store {
 	t := lookup(tb, s)
 	if err := s.Close(); err != nil {
 		tb.Fatalf("historytest: close before reopen: %v", err)
+	}
+	return open(tb, t)
+}
+
+// Beside opens another store on s's database, as another broker on it
+// would, closed when the test ends; s stays open. opts apply to the new
+// store.
+func Beside(tb testing.TB, s *history.Store, opts ...Option) *history.Store {
+	tb.Helper()
+	t := lookup(tb, s)
+	for _, o := range opts {
+		o(&t)
 	}
 	return open(tb, t)
 }

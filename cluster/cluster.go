@@ -1,0 +1,373 @@
+// Package cluster makes brokers on one PostgreSQL database replicas of one
+// broker (DESIGN §9). PostgreSQL is the authority and the only thing the
+// replicas agree through: each replica keeps a row that lapses unless it
+// renews it, stops acting for its clients as soon as it cannot be sure its
+// row is still there, and any replica removes the rows that lapsed and ends
+// their commands as interrupted. There is no protocol of our own between
+// replicas beyond signed HTTP requests: a request that belongs to a client
+// on another replica is passed to it as it came.
+//
+// The time a replica may act is counted from before it asked the database,
+// on its own monotonic clock: the row lapses later, by the database's clock,
+// and other replicas wait a grace beyond that before they reap it. So a
+// replica that loses the database (or is cut off from it) has stopped acting
+// before anyone takes its place.
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/cheetahbroker/cheetah/history"
+)
+
+// Store is what a replica needs of the database; *history.Store is one.
+type Store interface {
+	// JoinReplica makes id a member that lapses ttl from now unless renewed.
+	JoinReplica(ctx context.Context, id, url string, ttl time.Duration) error
+	// RenewReplica moves id's lapse to ttl from now; false when the row is
+	// gone (the others declared this replica dead).
+	RenewReplica(ctx context.Context, id string, ttl time.Duration) (bool, error)
+	// LeaveReplica removes id's row.
+	LeaveReplica(ctx context.Context, id string) error
+	// Replicas lists the members whose rows have not lapsed.
+	Replicas(ctx context.Context) ([]history.Replica, error)
+	// ReapReplicas removes the rows that lapsed more than grace ago.
+	ReapReplicas(ctx context.Context, grace time.Duration) ([]string, error)
+	// ClusterSecret returns the secret shared by the replicas.
+	ClusterSecret(ctx context.Context) ([]byte, error)
+	// MarkOrphansInterrupted ends the commands in flight of replicas that
+	// are no longer members.
+	MarkOrphansInterrupted(ctx context.Context, at time.Time) (int64, error)
+}
+
+// Config configures a Member.
+type Config struct {
+	Store Store
+	// ID names the replica; NewID makes one. It is also the tag of the
+	// lease tokens its registry issues.
+	ID string
+	// URL is where the other replicas reach this one (http://host:port);
+	// empty for a replica that serves no HTTP (it takes no requests from
+	// the others, and they send it none).
+	URL string
+	// TTL is how long a row lives unless renewed; default 5 s.
+	TTL time.Duration
+	// Interval is how often the row is renewed and the others looked at;
+	// default TTL/5.
+	Interval time.Duration
+	// Grace is how long after a row lapsed the others wait before they
+	// reap it; default 2 s.
+	Grace time.Duration
+	Clock clockwork.Clock
+	Log   *slog.Logger
+	// OnFenced is called, from the member's own goroutine, when the
+	// replica stops being sure of its row: it must stop acting for its
+	// clients (cut their connections) before it returns. The member joins
+	// again afterwards.
+	OnFenced func()
+}
+
+func (c *Config) fill() {
+	if c.TTL == 0 {
+		c.TTL = 5 * time.Second
+	}
+	if c.Interval == 0 {
+		c.Interval = c.TTL / 5
+	}
+	if c.Grace == 0 {
+		c.Grace = 2 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.OnFenced == nil {
+		c.OnFenced = func() {}
+	}
+}
+
+// IDLen is the length of a replica id: it fits the registry's token tag.
+const IDLen = 8
+
+// NewID returns a random replica id.
+func NewID() string {
+	var b [IDLen / 2]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("cluster: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Peer is another live replica.
+type Peer struct {
+	ID  string
+	URL string
+}
+
+// Member is this process's place among the replicas. Join makes one,
+// Start runs it, Stop ends it.
+type Member struct {
+	cfg    Config
+	secret []byte
+
+	// validUntil is when this replica stops acting unless it renews its
+	// row first (a time of Clock, with its monotonic reading).
+	validUntil atomic.Pointer[time.Time]
+	peers      atomic.Pointer[[]Peer]
+
+	// fencedMu serialises OnFenced with the checks of fence.
+	fencedMu sync.Mutex
+	fenced   bool
+
+	started atomic.Bool
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+// Join registers the replica, ends the commands of replicas that are gone
+// (its own previous life among them) and reads the live ones. The member
+// is valid from here until its row would lapse; Start keeps it so.
+func Join(ctx context.Context, cfg Config) (*Member, error) {
+	cfg.fill()
+	if len(cfg.ID) != IDLen {
+		return nil, fmt.Errorf("cluster: a replica id has %d characters", IDLen)
+	}
+	m := &Member{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	secret, err := cfg.Store.ClusterSecret(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.secret = secret
+	if err := m.join(ctx); err != nil {
+		return nil, err
+	}
+	m.look(ctx)
+	return m, nil
+}
+
+// ID returns the replica's id.
+func (m *Member) ID() string { return m.cfg.ID }
+
+// URL returns where the other replicas reach this one.
+func (m *Member) URL() string { return m.cfg.URL }
+
+// Valid reports whether the replica may act for its clients now: its row
+// cannot have lapsed yet.
+func (m *Member) Valid() bool {
+	until := m.validUntil.Load()
+	return until != nil && m.cfg.Clock.Now().Before(*until)
+}
+
+// Peers returns the other live replicas that take requests, by id, as last
+// read.
+func (m *Member) Peers() []Peer {
+	if p := m.peers.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Peer returns the live replica id, if it takes requests.
+func (m *Member) Peer(id string) (Peer, bool) {
+	for _, p := range m.Peers() {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return Peer{}, false
+}
+
+// Start runs the member: it renews the row, reads the others and reaps the
+// lapsed, every Interval, until Stop.
+func (m *Member) Start() {
+	if m.started.CompareAndSwap(false, true) {
+		go m.loop()
+	}
+}
+
+// Stop ends the loop and removes the row, so that the others know at once
+// that this replica is gone. ctx bounds the removal.
+func (m *Member) Stop(ctx context.Context) error {
+	m.once.Do(func() { close(m.stop) })
+	if m.started.Load() {
+		<-m.done
+	}
+	return m.cfg.Store.LeaveReplica(ctx, m.cfg.ID)
+}
+
+func (m *Member) join(ctx context.Context) error {
+	t0 := m.cfg.Clock.Now()
+	if err := m.cfg.Store.JoinReplica(ctx, m.cfg.ID, m.cfg.URL, m.cfg.TTL); err != nil {
+		return err
+	}
+	m.extend(t0)
+	if _, err := m.cfg.Store.MarkOrphansInterrupted(ctx, m.cfg.Clock.Now()); err != nil {
+		return err
+	}
+	return nil
+}
+
+// extend makes the replica valid until TTL after t0, the moment it asked.
+func (m *Member) extend(t0 time.Time) {
+	until := t0.Add(m.cfg.TTL)
+	m.validUntil.Store(&until)
+	m.fencedMu.Lock()
+	m.fenced = false
+	m.fencedMu.Unlock()
+}
+
+func (m *Member) loop() {
+	defer close(m.done)
+	tick := m.cfg.Clock.NewTicker(m.cfg.Interval)
+	defer tick.Stop()
+	for {
+		// The check runs on every tick too: a renewal that keeps failing
+		// fences the replica as soon as its row may have lapsed.
+		m.fence()
+		select {
+		case <-m.stop:
+			return
+		case <-tick.Chan():
+		}
+		m.tick()
+	}
+}
+
+// tick renews the row, then reads the others and reaps the lapsed. Every
+// query is bounded by the interval, so that a database that does not
+// answer cannot hold the loop past the moment the replica must fence.
+func (m *Member) tick() {
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Interval)
+	defer cancel()
+	t0 := m.cfg.Clock.Now()
+	ok, err := m.cfg.Store.RenewReplica(ctx, m.cfg.ID, m.cfg.TTL)
+	switch {
+	case err != nil:
+		m.cfg.Log.Warn("cluster: could not renew this replica's row", "replica", m.cfg.ID, "err", err)
+		return
+	case !ok:
+		// The others reaped this replica: what it held is theirs now.
+		m.cfg.Log.Error("cluster: this replica was declared gone; it drops its clients and joins again", "replica", m.cfg.ID)
+		m.validUntil.Store(nil)
+		m.fence()
+		if err := m.join(ctx); err != nil {
+			m.cfg.Log.Warn("cluster: could not join again", "replica", m.cfg.ID, "err", err)
+		}
+	default:
+		m.extend(t0)
+	}
+	m.look(ctx)
+	reaped, err := m.cfg.Store.ReapReplicas(ctx, m.cfg.Grace)
+	if err != nil {
+		m.cfg.Log.Warn("cluster: could not reap lapsed replicas", "err", err)
+		return
+	}
+	if len(reaped) > 0 {
+		n, err := m.cfg.Store.MarkOrphansInterrupted(ctx, m.cfg.Clock.Now())
+		if err != nil {
+			m.cfg.Log.Warn("cluster: could not end the commands of lapsed replicas", "replicas", reaped, "err", err)
+			return
+		}
+		m.cfg.Log.Info("cluster: replicas gone; their commands in flight are interrupted", "replicas", reaped, "interrupted", n)
+	}
+}
+
+// look reads the live replicas.
+func (m *Member) look(ctx context.Context) {
+	rows, err := m.cfg.Store.Replicas(ctx)
+	if err != nil {
+		m.cfg.Log.Warn("cluster: could not read the replicas", "err", err)
+		return
+	}
+	peers := make([]Peer, 0, len(rows))
+	for _, r := range rows {
+		if r.ID != m.cfg.ID && r.URL != "" {
+			peers = append(peers, Peer{ID: r.ID, URL: r.URL})
+		}
+	}
+	m.peers.Store(&peers)
+}
+
+// fence calls OnFenced once each time the replica stops being valid.
+func (m *Member) fence() {
+	if m.Valid() {
+		return
+	}
+	m.fencedMu.Lock()
+	defer m.fencedMu.Unlock()
+	if m.fenced {
+		return
+	}
+	m.fenced = true
+	m.cfg.Log.Warn("cluster: this replica cannot be sure of its row; it stops acting for its clients", "replica", m.cfg.ID)
+	m.cfg.OnFenced()
+}
+
+// PeerHeader carries a replica's signature on a request it passes to
+// another. Never logged.
+const PeerHeader = "Cheetah-Peer"
+
+// peerSkew bounds how far a signed request's time may be from the
+// receiver's: a captured request cannot be replayed later than this.
+const peerSkew = 30 * time.Second
+
+// Sign marks req as coming from this replica.
+func (m *Member) Sign(req *http.Request) {
+	ts := strconv.FormatInt(m.cfg.Clock.Now().UnixMilli(), 10)
+	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+m.mac(m.cfg.ID, ts, req))
+}
+
+// ErrBadSignature is Verify's answer to a request that carries PeerHeader
+// with a signature that does not hold.
+var ErrBadSignature = errors.New("cluster: the peer signature does not hold")
+
+// Verify reports whether req comes from a replica of this cluster (its
+// id), and whether it carries a peer header at all.
+func (m *Member) Verify(req *http.Request) (string, bool, error) {
+	h := req.Header.Get(PeerHeader)
+	if h == "" {
+		return "", false, nil
+	}
+	parts := strings.Split(h, " ")
+	if len(parts) != 3 {
+		return "", true, ErrBadSignature
+	}
+	ms, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return "", true, ErrBadSignature
+	}
+	if d := m.cfg.Clock.Now().Sub(time.UnixMilli(ms)); d > peerSkew || d < -peerSkew {
+		return "", true, ErrBadSignature
+	}
+	if !hmac.Equal([]byte(parts[2]), []byte(m.mac(parts[0], parts[1], req))) {
+		return "", true, ErrBadSignature
+	}
+	return parts[0], true, nil
+}
+
+func (m *Member) mac(id, ts string, req *http.Request) string {
+	h := hmac.New(sha256.New, m.secret)
+	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease")} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,209 @@
+package cluster_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/cluster"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// guard bounds the waits for what a replica's loop does on its own. It is
+// a failure guard: with the TTLs below, each happens within a second.
+const guard = 20 * time.Second
+
+// inFlight inserts an RPC command that has not ended, written by s.
+func inFlight(t *testing.T, s *history.Store) cheetah.CommandRecord {
+	t.Helper()
+	rec := cheetah.CommandRecord{
+		CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "u1", ClientID: "c1", ContextID: "x1",
+		TaskID: "t1", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeRPC,
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", CreatedAt: time.Now(),
+	}
+	require.NoError(t, s.Write(context.Background(), history.InsertCommand{Rec: rec}))
+	return rec
+}
+
+func status(t *testing.T, s *history.Store, rec cheetah.CommandRecord) cheetah.Status {
+	t.Helper()
+	got, err := s.Get(context.Background(), rec.UserID, rec.CommandID)
+	require.NoError(t, err)
+	return got.Status
+}
+
+func join(t *testing.T, s *history.Store, id, url string, ttl time.Duration, onFenced func()) *cluster.Member {
+	t.Helper()
+	m, err := cluster.Join(context.Background(), cluster.Config{Store: s, ID: id, URL: url, TTL: ttl,
+		Interval: ttl / 5, Grace: ttl / 2, OnFenced: onFenced})
+	require.NoError(t, err)
+	return m
+}
+
+// A replica that stops renewing is reaped by a live one, which ends its
+// commands in flight as interrupted and never touches its own.
+func TestLapsedReplicaIsReapedAndItsCommandsInterrupted(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewPostgres(t)
+	deadStore := historytest.Beside(t, base, historytest.Replica("dead0001"))
+	liveStore := historytest.Beside(t, base, historytest.Replica("live0001"))
+
+	// The dead replica joins and writes, then never renews: as if killed.
+	dead := join(t, deadStore, "dead0001", "http://127.0.0.1:1", 400*time.Millisecond, nil)
+	require.True(t, dead.Valid())
+	orphan := inFlight(t, deadStore)
+
+	live := join(t, liveStore, "live0001", "http://127.0.0.1:2", 400*time.Millisecond, nil)
+	require.Equal(t, []cluster.Peer{{ID: "dead0001", URL: "http://127.0.0.1:1"}}, live.Peers())
+	own := inFlight(t, liveStore)
+	live.Start()
+	t.Cleanup(func() { require.NoError(t, live.Stop(context.Background())) })
+
+	require.Eventually(t, func() bool { return status(t, base, orphan) == cheetah.StatusInterrupted }, guard, 10*time.Millisecond)
+	require.False(t, dead.Valid(), "the reaped replica's own count ran out first")
+	require.Empty(t, live.Peers())
+	require.Equal(t, cheetah.StatusAdmitted, status(t, base, own), "a live replica's work is never marked")
+	require.True(t, live.Valid())
+}
+
+// A replica that starts again at the same address ends its previous life's
+// commands at once, without waiting for the row to lapse.
+func TestRestartAtTheSameAddressEndsThePreviousLife(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewPostgres(t)
+	first := historytest.Beside(t, base, historytest.Replica("aaaa0001"))
+	join(t, first, "aaaa0001", "http://127.0.0.1:9", time.Hour, nil)
+	rec := inFlight(t, first)
+
+	second := historytest.Beside(t, base, historytest.Replica("aaaa0002"))
+	join(t, second, "aaaa0002", "http://127.0.0.1:9", time.Hour, nil)
+	require.Equal(t, cheetah.StatusInterrupted, status(t, base, rec))
+}
+
+// A replica cut off from the database fences itself (OnFenced) before any
+// other replica reaps it, and acts again once the database answers.
+func TestCutOffReplicaFencesBeforeItIsReaped(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewPostgres(t)
+	pg, err := url.Parse(historytest.ServerURL())
+	require.NoError(t, err)
+	link := tcpproxy.Start(t, "127.0.0.1:0", pg.Host)
+	cutStore := historytest.Beside(t, base, historytest.Replica("cut00001"), historytest.Through(link.Addr()))
+	watchStore := historytest.Beside(t, base, historytest.Replica("watch001"))
+
+	var mu sync.Mutex
+	var fencedAt time.Time
+	fenced := make(chan struct{}, 4)
+	cut := join(t, cutStore, "cut00001", "", 600*time.Millisecond, func() {
+		mu.Lock()
+		fencedAt = time.Now()
+		mu.Unlock()
+		fenced <- struct{}{}
+	})
+	rec := inFlight(t, cutStore)
+	cut.Start()
+	t.Cleanup(func() { _ = cut.Stop(context.Background()) })
+
+	watch := join(t, watchStore, "watch001", "", 600*time.Millisecond, nil)
+	watch.Start()
+	t.Cleanup(func() { require.NoError(t, watch.Stop(context.Background())) })
+
+	link.Cut()
+	select {
+	case <-fenced:
+	case <-time.After(guard):
+		t.Fatal("the cut-off replica never fenced")
+	}
+	require.False(t, cut.Valid())
+	require.Eventually(t, func() bool { return status(t, base, rec) == cheetah.StatusInterrupted }, guard, 10*time.Millisecond)
+	reapedAt := time.Now()
+	mu.Lock()
+	require.True(t, fencedAt.Before(reapedAt))
+	mu.Unlock()
+
+	// Back on the database, the replica finds itself reaped and joins again.
+	link.Heal()
+	require.Eventually(t, cut.Valid, guard, 10*time.Millisecond)
+}
+
+// Requests between replicas are signed with the secret they share through
+// the database; a signature from elsewhere, an altered request or an old
+// one does not hold.
+func TestPeerSignatures(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewPostgres(t)
+	clock := clockwork.NewFakeClockAt(time.Now())
+	a, err := cluster.Join(context.Background(), cluster.Config{Store: base, ID: "sign0001", Clock: clock, TTL: time.Hour})
+	require.NoError(t, err)
+	b, err := cluster.Join(context.Background(), cluster.Config{Store: base, ID: "sign0002", Clock: clock, TTL: time.Hour})
+	require.NoError(t, err)
+	other := historytest.NewPostgres(t) // another cluster: another secret
+	stranger, err := cluster.Join(context.Background(), cluster.Config{Store: other, ID: "sign0003", Clock: clock, TTL: time.Hour})
+	require.NoError(t, err)
+
+	req := func() *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/api/v1/commands?x=1", nil)
+		r.Header.Set("Authorization", "Bearer k")
+		r.Header.Set("X-Lease", "tok")
+		return r
+	}
+	r := req()
+	id, signed, err := b.Verify(r)
+	require.NoError(t, err)
+	require.False(t, signed)
+	require.Empty(t, id)
+
+	r = req()
+	a.Sign(r)
+	id, signed, err = b.Verify(r)
+	require.NoError(t, err)
+	require.True(t, signed)
+	require.Equal(t, "sign0001", id)
+
+	for name, alter := range map[string]func(*http.Request){
+		"lease":  func(r *http.Request) { r.Header.Set("X-Lease", "other") },
+		"key":    func(r *http.Request) { r.Header.Set("Authorization", "Bearer other") },
+		"path":   func(r *http.Request) { r.URL.RawQuery = "x=2" },
+		"method": func(r *http.Request) { r.Method = http.MethodGet },
+	} {
+		r = req()
+		a.Sign(r)
+		alter(r)
+		_, signed, err = b.Verify(r)
+		require.True(t, signed, name)
+		require.ErrorIs(t, err, cluster.ErrBadSignature, name)
+	}
+
+	r = req()
+	stranger.Sign(r)
+	_, _, err = b.Verify(r)
+	require.ErrorIs(t, err, cluster.ErrBadSignature, "another cluster's secret")
+
+	r = req()
+	a.Sign(r)
+	clock.Advance(time.Minute)
+	_, _, err = b.Verify(r)
+	require.ErrorIs(t, err, cluster.ErrBadSignature, "a replayed request")
+}
+
+// SQLite is single-node: the replica methods refuse.
+func TestSQLiteIsSingleNode(t *testing.T) {
+	t.Parallel()
+	s := historytest.NewSQLite(t)
+	_, err := cluster.Join(context.Background(), cluster.Config{Store: s, ID: cluster.NewID()})
+	require.ErrorIs(t, err, history.ErrNotClustered)
+}

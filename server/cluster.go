@@ -1,0 +1,509 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/cluster"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// The replicas of one PostgreSQL (DESIGN §9) answer every route alike. A
+// replica's registry holds the clients connected to it and their leases; a
+// request that concerns another replica's client is passed to that replica
+// as it came (the caller's key, body and headers, signed by this replica),
+// so its answer, codes and invariants are those of one node. How a request
+// finds its replica:
+//   - with a lease token (send, wait, renew, release): the token begins
+//     with the id of the replica that issued it;
+//   - acquire: this replica's contexts first, then each other replica's;
+//   - views and admin actions: every replica, answers merged.
+
+// peerCtx is the gin key of the id of the replica that passed a request on.
+const peerCtx = "cheetah.peer"
+
+// fromPeer reports whether another replica passed the request on: it is
+// answered here, never passed on again.
+func fromPeer(c *gin.Context) bool {
+	_, ok := c.Get(peerCtx)
+	return ok
+}
+
+// acquireSlice is how long an acquire that may wait waits for a context of
+// this replica before it asks the others again.
+const acquireSlice = 100 * time.Millisecond
+
+// errFenced answers every request while this replica cannot be sure it is
+// still a member: another replica may be taking its clients over.
+var errFenced = cheetah.StoreUnavailable("cluster", errors.New("this replica cannot reach the database to renew its membership"))
+
+// clusterGate refuses every request while the replica is fenced, and
+// checks the signature of a request another replica passed on.
+func (s *Server) clusterGate(c *gin.Context) {
+	m := s.cfg.Cluster
+	if m == nil {
+		return
+	}
+	if !m.Valid() {
+		s.fail(c, errFenced)
+		return
+	}
+	id, signed, err := m.Verify(c.Request)
+	if !signed {
+		return
+	}
+	if err != nil {
+		s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "the peer signature does not hold"})
+		return
+	}
+	c.Set(peerCtx, id)
+}
+
+// peerOnly admits only requests another replica passed on.
+func (s *Server) peerOnly(c *gin.Context) {
+	if !fromPeer(c) {
+		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
+	}
+}
+
+// toHolder passes a request with a lease token to the replica that issued
+// the token. A token of a replica that is gone is answered here: its lease
+// is unknown to every live replica.
+func (s *Server) toHolder(c *gin.Context) {
+	m := s.cfg.Cluster
+	if m == nil || fromPeer(c) {
+		return
+	}
+	tag, ok := registry.TokenTagOf(c.GetHeader("X-Lease"))
+	if !ok || tag == m.ID() {
+		return
+	}
+	if p, live := m.Peer(tag); live {
+		s.pass(c, p)
+		c.Abort()
+	}
+}
+
+// hopHeaders are the headers of one connection, never passed on
+// (RFC 9110 §7.6.1).
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func copyHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = slices.Clone(vs)
+	}
+	for _, k := range hopHeaders {
+		dst.Del(k)
+	}
+}
+
+// pass hands the request to peer and copies its answer back as it comes:
+// the early headers of a wait go on at once. Should the peer go away in
+// the middle of a wait, the command it admitted is named by those headers,
+// and the answer is its end as history tells it (interrupted, once the
+// survivors mark it), as one node answers a wait whose command was
+// interrupted.
+func (s *Server) pass(c *gin.Context, p cluster.Peer) {
+	ctx := c.Request.Context()
+	req, err := http.NewRequestWithContext(ctx, c.Request.Method, p.URL+c.Request.URL.RequestURI(), c.Request.Body)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	copyHeaders(req.Header, c.Request.Header)
+	req.ContentLength = c.Request.ContentLength
+	s.cfg.Cluster.Sign(req)
+	resp, err := s.peerClient.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("cluster: a replica did not answer", "replica", p.ID, "err", err)
+			s.fail(c, errPeerGone)
+		}
+		return
+	}
+	defer resp.Body.Close()
+	copyHeaders(c.Writer.Header(), resp.Header)
+	c.Writer.WriteHeader(resp.StatusCode)
+	c.Writer.Flush()
+	n, err := io.Copy(c.Writer, resp.Body)
+	if err == nil || ctx.Err() != nil || n > 0 {
+		return
+	}
+	s.log.Warn("cluster: a replica went away in the middle of an answer", "replica", p.ID, "err", err)
+	if id := resp.Header.Get("X-Command-Id"); id != "" && resp.StatusCode == http.StatusOK {
+		s.awaitEnd(c, id)
+		return
+	}
+	s.fail(c, errPeerGone)
+}
+
+var errPeerGone = cheetah.StoreUnavailable("cluster", errors.New("the replica that holds this client did not answer"))
+
+// awaitEndFor bounds awaitEnd: the survivors mark a lost replica's commands
+// within its TTL and their grace, which this is well beyond.
+const awaitEndFor = time.Minute
+
+// awaitEnd answers a wait whose replica went away with its command's end,
+// once history has it.
+func (s *Server) awaitEnd(c *gin.Context, commandID string) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), awaitEndFor)
+	defer cancel()
+	tick := s.cfg.Clock.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if ref, err := s.store.Lookup(ctx, commandID); err == nil && ref.Status.Terminal() {
+			if rec, err := s.store.Get(ctx, ref.UserID, commandID); err == nil {
+				c.JSON(http.StatusOK, gin.H{"resolution": cheetah.Resolution{CommandID: rec.CommandID,
+					TraceID: rec.TraceID, Status: rec.Status, Error: rec.Error}})
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if c.Request.Context().Err() == nil {
+				s.fail(c, errPeerGone)
+			}
+			return
+		case <-tick.Chan():
+		}
+	}
+}
+
+// peerAnswer is one replica's answer to a request passed on.
+type peerAnswer struct {
+	status int
+	body   []byte
+}
+
+// ask sends one request to peer on behalf of c's caller: its key, the
+// method and path given, and body. It returns nil when the peer did not
+// answer.
+func (s *Server) ask(ctx context.Context, c *gin.Context, p cluster.Peer, method, uri string, body []byte) *peerAnswer {
+	req, err := http.NewRequestWithContext(ctx, method, p.URL+uri, bytes.NewReader(body))
+	if err != nil {
+		return nil
+	}
+	req.Header.Set("Authorization", c.GetHeader("Authorization"))
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	s.cfg.Cluster.Sign(req)
+	resp, err := s.peerClient.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.cfg.Log.Warn("cluster: a replica did not answer", "replica", p.ID, "err", err)
+		}
+		return nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil
+	}
+	return &peerAnswer{status: resp.StatusCode, body: b}
+}
+
+// gather asks every other replica the request c came with (method, path
+// and query, body), at once, and returns the answers that came with want.
+// A replica that does not answer is left out: views show what answered.
+func (s *Server) gather(c *gin.Context, body []byte, want int) [][]byte {
+	m := s.cfg.Cluster
+	if m == nil || fromPeer(c) {
+		return nil
+	}
+	peers := m.Peers()
+	answers := make([]*peerAnswer, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Go(func() {
+			answers[i] = s.ask(c.Request.Context(), c, p, c.Request.Method, c.Request.URL.RequestURI(), body)
+		})
+	}
+	wg.Wait()
+	out := make([][]byte, 0, len(answers))
+	for _, a := range answers {
+		if a != nil && a.status == want {
+			out = append(out, a.body)
+		}
+	}
+	return out
+}
+
+// mergeList appends to local the list under field of every answer.
+func mergeList[T any](local []T, answers [][]byte, field string) []T {
+	for _, a := range answers {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(a, &m) != nil {
+			continue
+		}
+		var more []T
+		if json.Unmarshal(m[field], &more) == nil {
+			local = append(local, more...)
+		}
+	}
+	return local
+}
+
+// countOf sums the number under field of every answer.
+func countOf(answers [][]byte, field string) int {
+	n := 0
+	for _, a := range answers {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(a, &m) != nil {
+			continue
+		}
+		var k int
+		if json.Unmarshal(m[field], &k) == nil {
+			n += k
+		}
+	}
+	return n
+}
+
+// anyTrue reports whether field is true in some answer.
+func anyTrue(answers [][]byte, field string) bool {
+	for _, a := range answers {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(a, &m) == nil && string(m[field]) == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+// acquireAnywhere gives the context idle longest in the whole cluster, as
+// one registry would: it asks every replica since when its best match has
+// been idle (one round trip to all at once), then acquires on the oldest,
+// falling back to the next should another acquire take it first. An
+// acquire that may wait waits here a slice at a time between rounds, so
+// that a context freed on any replica is found within a slice; one freed
+// here goes to it at once, in the registry's FIFO order.
+func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b cheetah.AcquireBody) (cheetah.Lease, error) {
+	ctx := c.Request.Context()
+	m := s.cfg.Cluster
+	if m == nil || fromPeer(c) {
+		return s.reg.Acquire(ctx, req)
+	}
+	deadline := s.cfg.Clock.Now().Add(req.Wait)
+	b.WaitMS = nil // the others are asked without waiting
+	body, err := json.Marshal(b)
+	if err != nil {
+		return cheetah.Lease{}, err
+	}
+	local := req
+	for {
+		peers := m.Peers()
+		local.Wait = 0
+		if len(peers) == 0 {
+			local.Wait = max(0, deadline.Sub(s.cfg.Clock.Now()))
+			return s.reg.Acquire(ctx, local)
+		}
+		var err error = &cheetah.NoContextError{Reason: cheetah.ReasonNoEligibleClient}
+		for _, cand := range s.candidates(c, req, peers, body) {
+			var l cheetah.Lease
+			if cand.peer == nil {
+				l, err = s.reg.Acquire(ctx, local)
+				if !errors.Is(err, cheetah.ErrNoContextAvailable) {
+					return l, err
+				}
+				continue
+			}
+			a := s.ask(ctx, c, *cand.peer, http.MethodPost, "/api/v1/acquire", body)
+			if a == nil {
+				continue
+			}
+			if a.status == http.StatusCreated {
+				var got struct{ Lease cheetah.Lease }
+				if json.Unmarshal(a.body, &got) == nil {
+					return got.Lease, nil
+				}
+				continue
+			}
+			perr := envelopeErr(a.body)
+			if !errors.Is(perr, cheetah.ErrNoContextAvailable) {
+				return cheetah.Lease{}, perr
+			}
+			err = betterReason(err, perr)
+		}
+		left := deadline.Sub(s.cfg.Clock.Now())
+		if left <= 0 || ctx.Err() != nil {
+			return cheetah.Lease{}, err
+		}
+		// Wait here for a slice: a context of this replica freed meanwhile
+		// goes to this acquire in the registry's FIFO order.
+		local.Wait = min(left, acquireSlice)
+		l, werr := s.reg.Acquire(ctx, local)
+		if !errors.Is(werr, cheetah.ErrNoContextAvailable) {
+			return l, werr
+		}
+	}
+}
+
+// candidate is a replica that has a match for an acquire: nil peer is
+// this one.
+type candidate struct {
+	peer  *cluster.Peer
+	since time.Time
+}
+
+// candidates returns the replicas that have a match for req, the longest
+// idle first. A replica with none is still tried last, once, so that its
+// reason for having none counts.
+func (s *Server) candidates(c *gin.Context, req cheetah.AcquireRequest, peers []cluster.Peer, body []byte) []candidate {
+	type seen struct {
+		candidate
+		ok bool
+	}
+	all := make([]seen, len(peers)+1)
+	var wg sync.WaitGroup
+	for i := range peers {
+		wg.Go(func() {
+			all[i+1].peer = &peers[i]
+			a := s.ask(c.Request.Context(), c, peers[i], http.MethodPost, "/internal/v1/acquire/idle-since", body)
+			if a == nil || a.status != http.StatusOK {
+				return
+			}
+			var got struct {
+				IdleSince *time.Time `json:"idle_since"`
+			}
+			if json.Unmarshal(a.body, &got) == nil && got.IdleSince != nil {
+				all[i+1].since, all[i+1].ok = *got.IdleSince, true
+			}
+		})
+	}
+	all[0].since, all[0].ok = s.reg.IdleSince(req)
+	wg.Wait()
+	// Stable: on a tie this replica comes first, then the others by id.
+	slices.SortStableFunc(all, func(a, b seen) int {
+		if a.ok != b.ok {
+			if a.ok {
+				return -1
+			}
+			return 1
+		}
+		return a.since.Compare(b.since)
+	})
+	out := make([]candidate, len(all))
+	for i, x := range all {
+		out[i] = x.candidate
+	}
+	return out
+}
+
+// selectionOrder orders the idle contexts of several replicas as one
+// registry lists them: browsers first, then the longest idle first.
+func selectionOrder(cs []cheetah.ContextSnapshot) []cheetah.ContextSnapshot {
+	rank := func(t cheetah.ClientType) int {
+		if t == cheetah.Browser {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(cs, func(a, b cheetah.ContextSnapshot) int {
+		if r := rank(a.ClientType) - rank(b.ClientType); r != 0 {
+			return r
+		}
+		if a.IdleSince == nil || b.IdleSince == nil {
+			return 0
+		}
+		return a.IdleSince.Compare(*b.IdleSince)
+	})
+	return cs
+}
+
+// idleSince is the internal route behind candidates.
+func (s *Server) idleSince(c *gin.Context) {
+	var b cheetah.AcquireBody
+	if !s.bind(c, &b) {
+		return
+	}
+	since, ok := s.reg.IdleSince(cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID,
+		ClientType: b.ClientType, ClientID: b.ClientID, Labels: b.Labels})
+	if !ok {
+		c.JSON(http.StatusOK, gin.H{"idle_since": nil})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"idle_since": since})
+}
+
+// betterReason keeps the reason that says more: any other replica having an
+// eligible client beats no_eligible_client.
+func betterReason(have, other error) error {
+	var h *cheetah.NoContextError
+	if errors.As(have, &h) && h.Reason == cheetah.ReasonNoEligibleClient {
+		return other
+	}
+	return have
+}
+
+// envelopeErr turns an error envelope back into the SDK's error.
+func envelopeErr(body []byte) error {
+	var env cheetah.Envelope
+	if json.Unmarshal(body, &env) != nil || env.Err() == nil {
+		return errors.New("cluster: a replica answered without an error envelope")
+	}
+	return env.Err()
+}
+
+// releaseAnywhere gives back a lease that nobody will learn of (its caller
+// went away), on whichever replica issued it.
+func (s *Server) releaseAnywhere(c *gin.Context, l cheetah.Lease) {
+	ctx := context.WithoutCancel(c.Request.Context())
+	tag, _ := registry.TokenTagOf(l.LeaseToken)
+	if m := s.cfg.Cluster; m != nil && tag != m.ID() {
+		if p, ok := m.Peer(tag); ok {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/api/v1/lease/release", nil)
+			if err != nil {
+				return
+			}
+			req.Header.Set("Authorization", c.GetHeader("Authorization"))
+			req.Header.Set("X-Lease", l.LeaseToken)
+			m.Sign(req)
+			if resp, err := s.peerClient.Do(req); err == nil {
+				_ = resp.Body.Close()
+			}
+		}
+		return
+	}
+	_, _ = s.reg.Release(ctx, l)
+}
+
+// disconnectKeyEverywhere closes the clients of a revoked key on every
+// replica.
+func (s *Server) disconnectKeyEverywhere(c *gin.Context, keyID string) int {
+	n := s.reg.DisconnectKey(keyID, protocol.CloseForbidden, "the client key was revoked")
+	if m := s.cfg.Cluster; m != nil && !fromPeer(c) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, p := range m.Peers() {
+			wg.Go(func() {
+				a := s.ask(c.Request.Context(), c, p, http.MethodPost, "/internal/v1/keys/"+url.PathEscape(keyID)+"/disconnect", nil)
+				if a != nil && a.status == http.StatusOK {
+					mu.Lock()
+					n += countOf([][]byte{a.body}, "disconnected")
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	return n
+}
+
+// disconnectKey is the internal route behind disconnectKeyEverywhere.
+func (s *Server) disconnectKey(c *gin.Context) {
+	n := s.reg.DisconnectKey(c.Param("id"), protocol.CloseForbidden, "the client key was revoked")
+	c.JSON(http.StatusOK, gin.H{"disconnected": n})
+}

@@ -1,0 +1,278 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/remote"
+	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/clustertest"
+)
+
+type replica struct{ *clustertest.Replica }
+
+const clusterAdminKey = clustertest.AdminKey
+
+func startCluster(t *testing.T, n int) []*replica {
+	t.Helper()
+	rs := make([]*replica, n)
+	for i, r := range clustertest.Start(t, n, nil) {
+		rs[i] = &replica{r}
+	}
+	return rs
+}
+
+func (r *replica) api(key string) *remote.Client { return remote.NewClient(r.URL, key) }
+
+func (r *replica) key(t *testing.T, kind auth.Kind, userID string) string {
+	t.Helper()
+	k, err := r.Broker.Keys.Create(context.Background(), kind, userID, "cluster-test")
+	require.NoError(t, err)
+	return k.Secret
+}
+
+// clusterAgent connects a console agent with flows contexts to base.
+func clusterAgent(t *testing.T, base, key, clientID string, flows int, handlers map[string]agent.Handler) *agent.Agent {
+	t.Helper()
+	a := agent.New(agent.Config{URL: base, Token: key, ClientID: clientID, Name: "cluster-test", Flows: flows,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	a.Handle("echo", agent.Echo())
+	for name, h := range handlers {
+		a.Handle(name, h)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	select {
+	case <-a.Connected():
+	case err := <-done:
+		t.Fatalf("agent stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not connect")
+	}
+	return a
+}
+
+type leaseAnswer struct {
+	Lease cheetah.Lease `json:"lease"`
+}
+
+func acquireOn(t *testing.T, c *remote.Client, body map[string]any) (cheetah.Lease, error) {
+	t.Helper()
+	var got leaseAnswer
+	err := c.Do(context.Background(), "POST", "/api/v1/acquire", body, &got)
+	return got.Lease, err
+}
+
+func requireLost(t *testing.T, err error, reason cheetah.LostReason) {
+	t.Helper()
+	var lost *cheetah.LeaseLostError
+	require.ErrorAs(t, err, &lost)
+	require.Equal(t, reason, lost.Reason)
+}
+
+// Every route works on every replica, whichever replica holds the client.
+func TestClusterAnyReplicaServesAnything(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[2].key(t, auth.Client, user)
+	clusterAgent(t, rs[0].URL, clientKey, "agent-a", 2, nil)
+	holder := rs[0].Broker.Cluster.ID()
+
+	// Acquired on replica 2: the context is on replica 0.
+	l, err := acquireOn(t, rs[2].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+	require.Equal(t, "agent-a", l.ClientID)
+	tag, _ := registry.TokenTagOf(l.LeaseToken)
+	require.Equal(t, holder, tag, "the token names the replica that holds the lease")
+
+	// Sent and waited for through replica 1.
+	var waited struct{ Resolution cheetah.Resolution }
+	require.NoError(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait",
+		map[string]any{"name": "echo", "params": map[string]int{"n": 1}}, &waited, "X-Lease", l.LeaseToken))
+	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+	// Its record is in the one history, readable anywhere.
+	var read struct{ Command cheetah.CommandRecord }
+	require.NoError(t, rs[2].api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/commands/"+waited.Resolution.CommandID, nil, &read))
+	require.Equal(t, cheetah.StatusCompleted, read.Command.Status)
+
+	// Renewed through replica 2.
+	var renewed leaseAnswer
+	require.NoError(t, rs[2].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", map[string]any{"ttl_s": 120}, &renewed, "X-Lease", l.LeaseToken))
+	require.Equal(t, l.Epoch, renewed.Lease.Epoch)
+	require.Equal(t, 120, renewed.Lease.TTLSeconds)
+
+	// Views cover the cluster, from any replica.
+	for i, r := range rs {
+		var task struct{ Leases []cheetah.Lease }
+		require.NoError(t, r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/tasks/t1/leases", nil, &task))
+		require.Len(t, task.Leases, 1, "replica %d", i)
+		require.Equal(t, l.Epoch, task.Leases[0].Epoch)
+		require.Empty(t, task.Leases[0].LeaseToken)
+
+		var avail struct{ Contexts []cheetah.ContextSnapshot }
+		require.NoError(t, r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/contexts/available", nil, &avail))
+		require.Len(t, avail.Contexts, 1, "replica %d: one of two contexts is leased", i)
+
+		var clients struct{ Clients []registry.ClientView }
+		require.NoError(t, r.api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/clients", nil, &clients))
+		require.Len(t, clients.Clients, 1)
+		require.Equal(t, holder, clients.Clients[0].Replica)
+
+		var pools struct{ Pools []registry.PoolView }
+		require.NoError(t, r.api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/pools", nil, &pools))
+		require.Len(t, pools.Pools, 1)
+		require.Equal(t, 1, pools.Pools[0].Leases)
+		require.Equal(t, 1, pools.Pools[0].Contexts[cheetah.StateIdle])
+
+		var leases struct{ Leases []cheetah.Lease }
+		require.NoError(t, r.api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/leases", nil, &leases))
+		require.Len(t, leases.Leases, 1)
+	}
+
+	// Released through replica 1; every replica then says so.
+	var rel struct{ Released bool }
+	require.NoError(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/release", nil, &rel, "X-Lease", l.LeaseToken))
+	require.True(t, rel.Released)
+	for _, r := range rs {
+		err := r.api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l.LeaseToken)
+		requireLost(t, err, cheetah.LostReleased)
+	}
+
+	// Release-all from any replica finds the leases wherever they are.
+	l1, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t2", "client_type": "console"})
+	require.NoError(t, err)
+	l2, err := acquireOn(t, rs[2].api(appKey), map[string]any{"user_id": user, "task_id": "t2", "client_type": "console"})
+	require.NoError(t, err)
+	require.NotEqual(t, l1.ContextID, l2.ContextID)
+	var all struct{ Released int }
+	require.NoError(t, rs[2].api(appKey).Do(ctx, "POST", "/api/v1/lease/release-all",
+		map[string]any{"lease_tokens": []string{l1.LeaseToken, l2.LeaseToken, "0123"}}, &all))
+	require.Equal(t, 2, all.Released)
+
+	// An admin on replica 2 revokes a lease that replica 0 holds.
+	l3, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t3", "client_type": "console"})
+	require.NoError(t, err)
+	var revoked struct{ Revoked bool }
+	require.NoError(t, rs[2].api(clusterAdminKey).Do(ctx, "POST",
+		"/api/v1/admin/users/"+user+"/clients/agent-a/contexts/"+l3.ContextID+"/revoke", nil, &revoked))
+	require.True(t, revoked.Revoked)
+	err = rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l3.LeaseToken)
+	requireLost(t, err, cheetah.LostRevoked)
+
+	// A token of no replica is an unknown lease everywhere.
+	err = rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", "ffffffff000000000000000000000000")
+	requireLost(t, err, cheetah.LostUnknownLease)
+}
+
+// An acquire that waits on one replica gets the context another replica's
+// client frees, and a key revoked on one replica disconnects its client on
+// another.
+func TestClusterWaitAndRevokeKeyAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	clientKey := rs[0].key(t, auth.Client, user)
+	a := clusterAgent(t, rs[0].URL, clientKey, "agent-w", 1, nil)
+
+	held, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+
+	got := make(chan error, 1)
+	var waited cheetah.Lease
+	go func() {
+		var err error
+		waited, err = acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t2", "client_type": "console", "wait_ms": 20000})
+		got <- err
+	}()
+	// The waiter is parked on replica 1 until the release below.
+	require.Eventually(t, func() bool {
+		var pools struct{ Pools []registry.PoolView }
+		return rs[1].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/pools", nil, &pools) == nil &&
+			len(pools.Pools) == 1 && pools.Pools[0].Waiters == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, rs[0].api(appKey).Do(ctx, "POST", "/api/v1/lease/release", nil, nil, "X-Lease", held.LeaseToken))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+		require.Equal(t, held.ContextID, waited.ContextID)
+		require.Greater(t, waited.Epoch, held.Epoch)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting acquire never got the freed context")
+	}
+
+	// The client key is revoked through replica 1; its client is on 0.
+	var keys struct {
+		Keys []struct {
+			ID   string `json:"id"`
+			Kind string `json:"kind"`
+		}
+	}
+	require.NoError(t, rs[1].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/keys", nil, &keys))
+	var clientKeyID string
+	for _, k := range keys.Keys {
+		if k.Kind == string(auth.Client) {
+			clientKeyID = k.ID
+		}
+	}
+	require.NotEmpty(t, clientKeyID)
+	var rk struct{ Disconnected int }
+	require.NoError(t, rs[1].api(clusterAdminKey).Do(ctx, "DELETE", "/api/v1/admin/keys/"+clientKeyID, nil, &rk))
+	require.Equal(t, 1, rk.Disconnected)
+	require.Eventually(t, func() bool { return !connected(a) }, 10*time.Second, 5*time.Millisecond)
+}
+
+// A replica cut off from PostgreSQL stops acting: it answers 503, closes
+// its clients, and a lease it held is not served by anyone; healed, it
+// takes clients again.
+func TestClusterCutOffReplicaStopsActing(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[1].key(t, auth.Client, user)
+	a := clusterAgent(t, rs[0].URL, clientKey, "agent-f", 1, nil)
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+
+	rs[0].Link.Cut()
+	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !connected(a) }, 10*time.Second, 5*time.Millisecond)
+	resp, err := http.Get(rs[0].URL + "/readyz")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	err = rs[0].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l.LeaseToken)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	// Through the other replica the send fails too, never succeeds: the
+	// fenced replica refuses what is passed to it.
+	err = rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l.LeaseToken)
+	require.Error(t, err)
+
+	rs[0].Link.Heal()
+	require.Eventually(t, rs[0].Broker.Cluster.Valid, 10*time.Second, 5*time.Millisecond)
+	select {
+	case <-a.Connected():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent did not connect again")
+	}
+}
+
+func connected(a *agent.Agent) bool {
+	_, ok := a.Session()
+	return ok
+}
