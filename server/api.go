@@ -83,6 +83,8 @@ func (s *Server) routes() *gin.Engine {
 	internal := g.Group("/internal/v1", s.clusterGate, s.peerOnly)
 	internal.POST("/keys/:id/disconnect", s.authenticate(auth.Admin), s.checkParams, s.disconnectKey)
 	internal.POST("/acquire/idle-since", s.authenticate(auth.App, auth.Admin), s.checkParams, s.idleSince)
+	internal.POST("/leases/held", s.held)
+	internal.POST("/users/:user_id/clients/:client_id/hand-over", s.checkParams, s.handOver)
 
 	g.NoRoute(func(c *gin.Context) {
 		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))

@@ -83,17 +83,115 @@ func (s *Server) peerOnly(c *gin.Context) {
 // is unknown to every live replica.
 func (s *Server) toHolder(c *gin.Context) {
 	m := s.cfg.Cluster
-	if m == nil || fromPeer(c) {
+	token := c.GetHeader("X-Lease")
+	tag, ok := registry.TokenTagOf(token)
+	if m == nil || !ok || s.reg.Holds(token) {
 		return
 	}
-	tag, ok := registry.TokenTagOf(c.GetHeader("X-Lease"))
-	if !ok || tag == m.ID() {
+	from, _ := c.Get(peerCtx)
+	if tag == m.ID() {
+		// Issued here, its lease moved on with its client: passed on,
+		// whoever asked, but never back to the replica that asked.
+		to, moved := s.reg.MovedTo(token)
+		if p, live := m.Peer(to); moved && live && to != from {
+			s.pass(c, p)
+			c.Abort()
+		}
 		return
 	}
-	if p, live := m.Peer(tag); live {
+	if fromPeer(c) {
+		return
+	}
+	p, live := m.Peer(tag)
+	if !live {
+		// The replica that issued it is gone, or the lease moved on from
+		// a replica since gone: whoever holds it now says so.
+		p, live = s.holderOf(c, token)
+	}
+	if live {
 		s.pass(c, p)
 		c.Abort()
 	}
+}
+
+// holderOf asks every other replica whether it holds the lease of token.
+func (s *Server) holderOf(c *gin.Context, token string) (cluster.Peer, bool) {
+	peers := s.cfg.Cluster.Peers()
+	holds := make([]bool, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Go(func() {
+			a := s.ask(c.Request.Context(), c, p, http.MethodPost, "/internal/v1/leases/held", nil, "X-Lease", token)
+			holds[i] = a != nil && a.status == http.StatusOK && anyTrue([][]byte{a.body}, "held")
+		})
+	}
+	wg.Wait()
+	for i, h := range holds {
+		if h {
+			return peers[i], true
+		}
+	}
+	return cluster.Peer{}, false
+}
+
+// held is the internal route behind holderOf.
+func (s *Server) held(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"held": s.reg.Holds(c.GetHeader("X-Lease"))})
+}
+
+// handOverTimeout bounds how long a client's hello waits for the other
+// replicas to hand it over.
+const handOverTimeout = 5 * time.Second
+
+// adoptFromPeers asks every other replica to hand over the client that
+// just said hello here, and adopts what one hands over: a client that
+// reconnects through a balancer to another replica keeps its leases.
+func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) {
+	m := s.cfg.Cluster
+	if m == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+	defer cancel()
+	peers := m.Peers()
+	got := make([]*registry.HandedOver, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Go(func() {
+			uri := "/internal/v1/users/" + url.PathEscape(userID) + "/clients/" + url.PathEscape(clientID) + "/hand-over?to=" + url.QueryEscape(m.ID())
+			a := s.askPeer(ctx, p, http.MethodPost, uri, nil, nil)
+			if a == nil || a.status != http.StatusOK {
+				return
+			}
+			var h struct {
+				Client *registry.HandedOver `json:"client"`
+			}
+			if json.Unmarshal(a.body, &h) == nil {
+				got[i] = h.Client
+			}
+		})
+	}
+	wg.Wait()
+	for _, h := range got {
+		if h != nil {
+			s.reg.Adopt(userID, clientID, *h)
+		}
+	}
+}
+
+// handOver is the internal route behind adoptFromPeers.
+func (s *Server) handOver(c *gin.Context) {
+	to := c.Query("to")
+	if _, ok := s.cfg.Cluster.Peer(to); !ok {
+		s.fail(c, cheetah.Invalidf("to names no live replica"))
+		return
+	}
+	h, ok := s.reg.HandOver(c.Param("user_id"), c.Param("client_id"), to)
+	if !ok {
+		c.JSON(http.StatusOK, gin.H{"client": nil})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"client": h})
 }
 
 // hopHeaders are the headers of one connection, never passed on
@@ -190,12 +288,20 @@ type peerAnswer struct {
 // ask sends one request to peer on behalf of c's caller: its key, the
 // method and path given, and body. It returns nil when the peer did not
 // answer.
-func (s *Server) ask(ctx context.Context, c *gin.Context, p cluster.Peer, method, uri string, body []byte) *peerAnswer {
+func (s *Server) ask(ctx context.Context, c *gin.Context, p cluster.Peer, method, uri string, body []byte, headers ...string) *peerAnswer {
+	return s.askPeer(ctx, p, method, uri, body, append(headers, "Authorization", c.GetHeader("Authorization")))
+}
+
+// askPeer sends one request of this replica's own to peer, with headers
+// (name, value pairs).
+func (s *Server) askPeer(ctx context.Context, p cluster.Peer, method, uri string, body []byte, headers []string) *peerAnswer {
 	req, err := http.NewRequestWithContext(ctx, method, p.URL+uri, bytes.NewReader(body))
 	if err != nil {
 		return nil
 	}
-	req.Header.Set("Authorization", c.GetHeader("Authorization"))
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

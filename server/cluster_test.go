@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/agent"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server/auth"
 	"github.com/cheetahbroker/cheetah/server/clustertest"
@@ -275,4 +277,56 @@ func TestClusterCutOffReplicaStopsActing(t *testing.T) {
 func connected(a *agent.Agent) bool {
 	_, ok := a.Session()
 	return ok
+}
+
+// A client that reconnects to another replica (a balancer sent it there)
+// keeps its leases and their epochs, as a reconnect to one node does;
+// requests with the old token, through any replica, reach it there.
+func TestClusterClientMovesWithItsLeases(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	clientKey := rs[0].key(t, auth.Client, user)
+	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
+	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-m", 2, nil)
+
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+	tag, _ := registry.TokenTagOf(l.LeaseToken)
+	require.Equal(t, rs[0].Broker.Cluster.ID(), tag)
+
+	// The connection drops; the agent comes back through replica 1.
+	front.Retarget(host(rs[1]))
+	front.Cut()
+	front.Heal()
+	require.Eventually(t, func() bool {
+		var clients struct{ Clients []registry.ClientView }
+		return rs[2].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/clients", nil, &clients) == nil &&
+			len(clients.Clients) == 1 && clients.Clients[0].Connected && clients.Clients[0].Replica == rs[1].Broker.Cluster.ID()
+	}, 20*time.Second, 10*time.Millisecond, "the agent is on replica 1")
+
+	// The old token works through every replica, on the same epoch.
+	for i, r := range rs {
+		var waited struct{ Resolution cheetah.Resolution }
+		require.NoError(t, r.api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+			"X-Lease", l.LeaseToken), "through replica %d", i)
+		require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+		var rec struct{ Command cheetah.CommandRecord }
+		require.NoError(t, r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/commands/"+waited.Resolution.CommandID, nil, &rec))
+		require.Equal(t, l.Epoch, rec.Command.Epoch)
+		require.Equal(t, l.ContextID, rec.Command.ContextID)
+	}
+	var leases struct{ Leases []cheetah.Lease }
+	require.NoError(t, rs[0].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/leases", nil, &leases))
+	require.Len(t, leases.Leases, 1, "the lease moved; it is not held twice")
+	require.Equal(t, l.Epoch, leases.Leases[0].Epoch)
+
+	// Released through the replica that issued it, it ends where it is.
+	var rel struct{ Released bool }
+	require.NoError(t, rs[0].api(appKey).Do(ctx, "POST", "/api/v1/lease/release", nil, &rel, "X-Lease", l.LeaseToken))
+	require.True(t, rel.Released)
+	err = rs[2].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l.LeaseToken)
+	requireLost(t, err, cheetah.LostReleased)
 }

@@ -611,6 +611,9 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 		Protocol: protocol.ProtocolVersion, SessionID: s.id, UserID: key.UserID,
 		HeartbeatS: int(s.srv.cfg.Heartbeat / time.Second), MaxMessageBytes: int64(s.srv.cfg.MaxMessageBytes),
 	})
+	// Among replicas, the client may have been held by another one until
+	// now: it hands the client over, leases and all.
+	s.srv.adoptFromPeers(ctx, key.UserID, h.ClientID)
 	s.att = s.srv.reg.Connect(registry.ClientInfo{
 		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
 		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,

@@ -176,6 +176,7 @@ type Registry struct {
 	leases      map[tokenKey]*lease         // active leases by token digest
 	heap        leaseHeap                   // active leases that may expire, by deadline
 	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
+	moved       *memo[endedKey, string]     // leases handed over with their client, to the replica (handover.go)
 	commands    map[string]*command
 	// ending holds the commands that ended and whose end is not durable yet.
 	ending        map[*command]struct{}
@@ -222,6 +223,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
 		endedLeases:   newMemo[endedKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		moved:         newMemo[endedKey, string](max(cfg.EndedMemory, MaxTTL), cfg.EndedMax),
 		commands:      map[string]*command{},
 		ending:        map[*command]struct{}{},
 		endedCommands: newMemo[string, endedCommand](cfg.EndedMemory, cfg.EndedMax),
@@ -377,6 +379,7 @@ func (r *Registry) PruneMemory() {
 	defer r.mu.Unlock()
 	now := r.clock.Now()
 	r.endedLeases.prune(now)
+	r.moved.prune(now)
 	r.endedCommands.prune(now)
 }
 

@@ -45,13 +45,13 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		refuse := p.cut || p.closed
+		refuse, target := p.cut || p.closed, p.target
 		p.mu.Unlock()
 		if refuse {
 			_ = c.Close()
 			continue
 		}
-		up, err := net.Dial("tcp", p.target)
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -86,6 +86,14 @@ func (p *Proxy) Cut() {
 		_ = c.Close()
 	}
 	p.conns = nil
+}
+
+// Retarget sends the connections accepted from now on to target; those
+// forwarded already stay where they are.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
 }
 
 // Heal forwards new connections again.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/reliability/internal/rig"
 	"github.com/cheetahbroker/cheetah/server"
+	"github.com/cheetahbroker/cheetah/server/clustertest"
 )
 
 var (
@@ -185,28 +185,41 @@ func answerErr(a rig.Answer, want int) error {
 func TestBrokerLinearizable(t *testing.T) {
 	t.Parallel()
 	const admin = "linearize-admin-key-0123456789abcdef"
-	ctx := context.Background()
 	_, hs := rig.OpenBroker(t, server.Options{DataDir: t.TempDir(), AdminKey: admin})
-	api := rig.NewAPI(hs.URL)
+	n, ops := linearizeOver(t, hs.URL, admin, max(1, *histories/4))
+	t.Logf("%d histories over HTTP, %d operations, all linearizable", n, ops)
+}
+
+// TestClusterLinearizable is TestBrokerLinearizable against three replicas
+// on one PostgreSQL behind a round-robin balancer: every request and the
+// fake client's connection land on whichever replica comes next.
+func TestClusterLinearizable(t *testing.T) {
+	t.Parallel()
+	lb := clustertest.Balancer(t, clustertest.Start(t, 3, nil))
+	n, ops := linearizeOver(t, lb, clustertest.AdminKey, max(1, *histories/4))
+	t.Logf("%d histories over three replicas, %d operations, all linearizable", n, ops)
+}
+
+// linearizeOver records n histories over the HTTP API at base, one user
+// each, and checks each.
+func linearizeOver(t *testing.T, base, admin string, n int) (histories, ops int) {
+	t.Helper()
+	ctx := context.Background()
+	api := rig.NewAPI(base)
 	defer api.HC.CloseIdleConnections()
 	app := api.MakeKey(t, admin, "app", "")
-	n := max(1, *histories/4)
-	ops := 0
-	var mu sync.Mutex
 	for i := range n {
 		user := fmt.Sprintf("usr_lin_%d", i)
-		fc := &rig.FakeClient{URL: hs.URL, Key: api.MakeKey(t, admin, "client", user), UserID: user, ClientID: "lin-client", Check: rig.NewChecker()}
+		fc := &rig.FakeClient{URL: base, Key: api.MakeKey(t, admin, "client", user), UserID: user, ClientID: "lin-client", Check: rig.NewChecker()}
 		require.NoError(t, fc.Connect(ctx))
 		require.NoError(t, fc.Report(reports()...))
 		h := Record(httpDriver{api: api, app: app, user: user, client: "lin-client", admin: admin}, uint64(1000+i), *goroutines, *opsEach)
 		check(t, fmt.Sprintf("HTTP history %d", i), h)
 		require.Empty(t, fc.Check.Errors())
 		fc.Close()
-		mu.Lock()
 		ops += len(h)
-		mu.Unlock()
 	}
-	t.Logf("%d histories over HTTP, %d operations, all linearizable", n, ops)
+	return n, ops
 }
 
 // TestModelRejects makes sure the model is not vacuous: histories that

@@ -1,0 +1,139 @@
+package registry
+
+import (
+	"encoding/hex"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// Among the replicas of one database (DESIGN §9) a client may reconnect to
+// another replica than the one that held it: through a balancer, after a
+// network blip. The reconnect grace still holds there: the replica it left
+// hands the client over (HandOver), the one it joined adopts it (Adopt)
+// before it attaches the new connection, and the client finds its leases
+// and their epochs as a reconnect to one registry would. Requests that
+// still go to the replica it left (lease tokens name their replica) are
+// passed on: MovedTo says where.
+
+// HandedOver is a client as one replica hands it to another.
+type HandedOver struct {
+	Contexts []HandedContext `json:"contexts"`
+}
+
+// HandedContext is one context of a handed-over client, with its lease.
+type HandedContext struct {
+	ID     string            `json:"id"`
+	TabID  string            `json:"tab_id,omitempty"`
+	Owner  cheetah.Owner     `json:"owner"`
+	URL    string            `json:"url,omitempty"`
+	Title  string            `json:"title,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Lease  *HandedLease      `json:"lease,omitempty"`
+}
+
+// HandedLease is a lease that moves with its client. The token never
+// travels: its digest does, which is how a registry knows a lease.
+type HandedLease struct {
+	TokenDigest string        `json:"token_digest"`
+	TaskID      string        `json:"task_id"`
+	Epoch       int64         `json:"epoch"`
+	TTL         time.Duration `json:"ttl"`
+	ExpiresAt   time.Time     `json:"expires_at"`
+	RenewOnUse  bool          `json:"renew_on_use"`
+}
+
+// HandOver gives up the client clientID of userID, which reconnected to
+// the replica to: its connection, if any, is closed (4409, replaced) and
+// its commands dispatched on it end disconnected, as when a newer
+// connection replaces one here; its contexts and leases leave this
+// registry without ending, and the leases' tokens are remembered as moved
+// to to. It reports false when the client is not here.
+func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.users[userID]
+	if p == nil || p.clients[clientID] == nil {
+		return HandedOver{}, false
+	}
+	c := p.clients[clientID]
+	if c.conn != nil {
+		old := c.conn
+		r.detach(c)
+		old.Close(protocol.CloseReplaced, "the client connected to another replica")
+	}
+	now := r.clock.Now()
+	out := HandedOver{Contexts: make([]HandedContext, 0, len(c.contexts))}
+	for _, w := range c.contexts {
+		hc := HandedContext{ID: w.id, TabID: w.tabID, Owner: w.owner, URL: w.url, Title: w.title, Labels: w.labels}
+		if l := w.lease; l != nil {
+			hc.Lease = &HandedLease{TokenDigest: hex.EncodeToString(l.key[:]), TaskID: l.taskID, Epoch: l.epoch,
+				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse}
+			delete(r.leases, l.key)
+			if l.heapIndex >= 0 {
+				heapRemove(r, l)
+			}
+			w.lease = nil
+			r.moved.put(l.key.ended(), to, now)
+		}
+		out.Contexts = append(out.Contexts, hc)
+		w.live = false
+		r.refreshIdle(w)
+		delete(c.contexts, w.id)
+	}
+	r.dropClient(c)
+	return out, true
+}
+
+// Adopt takes in a client another replica handed over, before its new
+// connection attaches (Connect): the client is here as one away within
+// its reconnect grace, with its contexts not live and its leases as they
+// were. A client this registry already holds is left as it is.
+func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.poolFor(userID)
+	if p.clients[clientID] != nil {
+		return
+	}
+	c := &client{pool: p, id: clientID, contexts: map[string]*wctx{}, dispatched: map[*command]struct{}{}}
+	for _, hc := range h.Contexts {
+		w := &wctx{client: c, id: hc.ID, tabID: hc.TabID, owner: hc.Owner, url: hc.URL, title: hc.Title, labels: hc.Labels}
+		if hl := hc.Lease; hl != nil {
+			var key tokenKey
+			if b, err := hex.DecodeString(hl.TokenDigest); err == nil && len(b) == len(key) {
+				copy(key[:], b)
+				l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
+					expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, heapIndex: -1}
+				w.lease = l
+				r.leases[key] = l
+				r.pushDeadline(l)
+			}
+		}
+		c.contexts[w.id] = w
+	}
+	if len(c.contexts) == 0 {
+		r.dropPoolIfEmpty(p)
+		return
+	}
+	p.clients[clientID] = c
+}
+
+// Holds reports whether the lease of token is active here.
+func (r *Registry) Holds(token string) bool {
+	key := keyOf(token)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.leases[key] != nil
+}
+
+// MovedTo returns the replica a lease moved to with its client, if it did
+// within the last MaxTTL (a lease renewed past that is no longer found
+// through the replica that issued it).
+func (r *Registry) MovedTo(token string) (string, bool) {
+	key := keyOf(token).ended()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.moved.get(key)
+}
