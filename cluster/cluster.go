@@ -75,6 +75,10 @@ type Config struct {
 	Grace time.Duration
 	Clock clockwork.Clock
 	Log   *slog.Logger
+	// AfterTick, when set, runs at the end of every tick of a valid
+	// member, with the tick's context: work that must follow the reaping
+	// (adopting the leases of reaped replicas).
+	AfterTick func(ctx context.Context)
 	// OnFenced is called, from the member's own goroutine, when the
 	// replica stops being sure of its row: it must stop acting for its
 	// clients (cut their connections) before it returns. The member joins
@@ -287,6 +291,9 @@ func (m *Member) tick() {
 			return
 		}
 		m.cfg.Log.Info("cluster: replicas gone; their commands in flight are interrupted", "replicas", reaped, "interrupted", n)
+	}
+	if m.cfg.AfterTick != nil && m.Valid() {
+		m.cfg.AfterTick(ctx)
 	}
 }
 

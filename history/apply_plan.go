@@ -14,6 +14,8 @@ type writePlan struct {
 	statuses   []statusChange
 	msgs       []messageRow // Seq is the message's place among its command's messages in this batch, 1, 2, 3…
 	deliveries []SetDelivery
+	leases     []leaseChange // one per lease, the last op's
+	leaseAt    map[[32]byte]int
 }
 
 // statusChange is what the SetStatus ops of one command in one batch amount
@@ -46,7 +48,7 @@ func (c *statusChange) errCols() (code, message, data *string) {
 }
 
 func (p *writePlan) empty() bool {
-	return len(p.cmds) == 0 && len(p.statuses) == 0 && len(p.msgs) == 0 && len(p.deliveries) == 0
+	return len(p.cmds) == 0 && len(p.statuses) == 0 && len(p.msgs) == 0 && len(p.deliveries) == 0 && len(p.leases) == 0
 }
 
 func planOps(ops []Op) writePlan {
@@ -103,6 +105,10 @@ func planOps(ops []Op) writePlan {
 			}
 			deliveryAt[o.CommandID] = len(p.deliveries)
 			p.deliveries = append(p.deliveries, o)
+		case PutLease:
+			p.planLease(o.TokenDigest, leaseChange{put: o})
+		case DeleteLease:
+			p.planLease(o.TokenDigest, leaseChange{put: PutLease{TokenDigest: o.TokenDigest}, delete: true})
 		}
 	}
 	// Commands whose only status ops were admitted: nothing to change.

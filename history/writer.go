@@ -310,6 +310,8 @@ func validate(ops []Op) error {
 			}
 		case SetDelivery:
 			id = o.CommandID
+		case PutLease, DeleteLease:
+			continue // keyed by a digest, which cannot be empty
 		default:
 			return cheetah.Invalidf("history: unknown op %T", op)
 		}

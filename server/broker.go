@@ -155,7 +155,15 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		member, err = cluster.Join(ctx, cluster.Config{Store: store, ID: replicaID, URL: o.AdvertiseURL,
 			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, OnFenced: func() {
 				if s := srvRef.Load(); s != nil {
-					s.CutClients(protocol.CloseGoingAway, "this replica lost the database; connect to another")
+					// Others may take its clients and leases from now on:
+					// it forgets them, writing nothing.
+					const why = "this replica lost the database; connect to another"
+					s.reg.Forget(protocol.CloseGoingAway, why)
+					s.CutClients(protocol.CloseGoingAway, why)
+				}
+			}, AfterTick: func(ctx context.Context) {
+				if s := srvRef.Load(); s != nil {
+					s.adoptOrphans(ctx)
 				}
 			}})
 		if err != nil {
@@ -176,7 +184,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		return nil, err
 	}
 	reg, err := registry.New(ctx, registry.Config{
-		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL, TokenTag: replicaID,
+		Clock: o.Clock, Store: store, Log: o.Log, DefaultTTL: o.DefaultTTL, TokenTag: replicaID, DurableLeases: replicaID != "",
 		ReconnectGrace: o.ReconnectGrace, MaxMessageBytes: o.MaxMessageBytes,
 		MaxInFlightPerContext: o.MaxInFlightPerContext, TracerProvider: tp, MeterProvider: mp,
 	})

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -96,6 +97,16 @@ func (s *Server) toHolder(c *gin.Context) {
 		if p, live := m.Peer(to); moved && live && to != from {
 			s.pass(c, p)
 			c.Abort()
+			return
+		}
+		if moved || fromPeer(c) || s.reg.Knows(token) {
+			return
+		}
+		// Unknown here though issued here: this replica was fenced and
+		// forgot it, and another may have adopted it since.
+		if p, live := s.holderOf(c, token); live {
+			s.pass(c, p)
+			c.Abort()
 		}
 		return
 	}
@@ -175,6 +186,45 @@ func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) {
 	for _, h := range got {
 		if h != nil {
 			s.reg.Adopt(userID, clientID, *h)
+			return
+		}
+	}
+	// No live replica held it: its replica may have died, leaving its
+	// leases orphaned.
+	rows, err := s.store.OrphanedLeases(ctx, userID, clientID)
+	if err != nil || len(rows) == 0 {
+		return
+	}
+	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows))}
+	for _, row := range rows {
+		h.Contexts = append(h.Contexts, registry.HandedContext{ID: row.ContextID, Lease: &registry.HandedLease{
+			TokenDigest: hex.EncodeToString(row.TokenDigest[:]), TaskID: row.TaskID, Epoch: row.Epoch,
+			TTL: row.TTL, ExpiresAt: row.ExpiresAt, RenewOnUse: row.RenewOnUse}})
+	}
+	s.reg.Adopt(userID, clientID, h)
+}
+
+// adoptOrphans gives back the leases of replicas that died to their
+// clients connected here: a client that reconnected before its old replica
+// was reaped finds its leases once it is. The member runs it every tick.
+func (s *Server) adoptOrphans(ctx context.Context) {
+	if err := s.store.OrphanLeases(ctx, s.reg.ReconnectGrace()); err != nil {
+		return
+	}
+	clients, err := s.store.OrphanedClients(ctx)
+	if err != nil {
+		return
+	}
+	for _, uc := range clients {
+		if !s.reg.Connected(uc[0], uc[1]) {
+			continue
+		}
+		rows, err := s.store.OrphanedLeases(ctx, uc[0], uc[1])
+		if err != nil {
+			return
+		}
+		if n := s.reg.AdoptOrphans(uc[0], uc[1], rows); n > 0 {
+			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "leases", n)
 		}
 	}
 }

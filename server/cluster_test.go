@@ -330,3 +330,67 @@ func TestClusterClientMovesWithItsLeases(t *testing.T) {
 	err = rs[2].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l.LeaseToken)
 	requireLost(t, err, cheetah.LostReleased)
 }
+
+// A replica cut off from everything (its database link and its clients'
+// connections) loses no lease: it forgets what it held once it may no
+// longer act, the others reap it, and the replica its client reconnects to
+// adopts the lease rows with their epochs. The old token works through
+// every replica, the cut-off one too once it is back, and the lease is held
+// once.
+func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[1].key(t, auth.Client, user)
+	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
+	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-s", 2, nil)
+
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+	lost := rs[0].Broker.Cluster.ID()
+	tag, _ := registry.TokenTagOf(l.LeaseToken)
+	require.Equal(t, lost, tag)
+
+	// Replica 0 is cut off; its client comes back through replica 1.
+	rs[0].Link.Cut()
+	front.Retarget(host(rs[1]))
+	front.Cut()
+	front.Heal()
+	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		for _, p := range rs[1].Broker.Cluster.Peers() {
+			if p.ID == lost {
+				return false
+			}
+		}
+		return rs[1].Broker.Registry.Holds(l.LeaseToken)
+	}, 30*time.Second, 10*time.Millisecond, "replica 1 adopts the lease once replica 0 is reaped")
+
+	send := func(r *replica) cheetah.CommandRecord {
+		t.Helper()
+		var waited struct{ Resolution cheetah.Resolution }
+		require.NoError(t, r.api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+			"X-Lease", l.LeaseToken))
+		require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+		var rec struct{ Command cheetah.CommandRecord }
+		require.NoError(t, r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/commands/"+waited.Resolution.CommandID, nil, &rec))
+		return rec.Command
+	}
+	for _, r := range rs[1:] {
+		rec := send(r)
+		require.Equal(t, l.Epoch, rec.Epoch)
+		require.Equal(t, l.ContextID, rec.ContextID)
+	}
+
+	// Back on the database, replica 0 holds nothing and passes the token on.
+	rs[0].Link.Heal()
+	require.Eventually(t, rs[0].Broker.Cluster.Valid, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(rs[1].Broker.Cluster.Peers()) == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.False(t, rs[0].Broker.Registry.Holds(l.LeaseToken))
+	require.Equal(t, l.Epoch, send(rs[0]).Epoch)
+	var leases struct{ Leases []cheetah.Lease }
+	require.NoError(t, rs[2].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/leases", nil, &leases))
+	require.Len(t, leases.Leases, 1, "held once")
+}

@@ -109,6 +109,7 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 				w.lease = l
 				r.leases[key] = l
 				r.pushDeadline(l)
+				r.storeMoved(l)
 			}
 		}
 		c.contexts[w.id] = w
@@ -118,6 +119,19 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 		return
 	}
 	p.clients[clientID] = c
+}
+
+// Knows reports whether the lease of token is active here, or ended here
+// recently enough to say how.
+func (r *Registry) Knows(token string) bool {
+	key := keyOf(token)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.leases[key] != nil {
+		return true
+	}
+	_, ended := r.endedLeases.get(key.ended())
+	return ended
 }
 
 // Holds reports whether the lease of token is active here.

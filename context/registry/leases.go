@@ -29,6 +29,11 @@ type lease struct {
 	// acquired is the span context of the acquire that made the lease; the
 	// spans of its commands link to it.
 	acquired trace.SpanContext
+	// With Config.DurableLeases (durable_leases.go): stored is the expiry
+	// its row holds; durable hears of the commit of its first row, and
+	// gone of the commit of its deletion.
+	stored        time.Time
+	durable, gone chan error
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
@@ -111,8 +116,28 @@ func (l *lease) view(token string) cheetah.Lease {
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
 	ctx, span := r.tel.startAcquire(ctx)
 	l, err := r.acquire(ctx, &req, span.SpanContext())
+	if err == nil && r.cfg.DurableLeases {
+		l, err = r.awaitLeaseRow(ctx, l)
+	}
 	r.tel.acquired(ctx, span, &req, l, err)
 	return l, err
+}
+
+// awaitLeaseRow returns l once its row is durable, so that no replica's
+// death can lose a lease an acquire returned; a lease whose row could not
+// be written is given back.
+func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease) (cheetah.Lease, error) {
+	r.mu.Lock()
+	var ch chan error
+	if ll := r.leases[keyOf(l.LeaseToken)]; ll != nil {
+		ch = ll.durable
+	}
+	r.mu.Unlock()
+	if err := awaitStored(ctx, ch); err != nil {
+		_, _ = r.Release(context.WithoutCancel(ctx), l)
+		return cheetah.Lease{}, err
+	}
+	return l, nil
 }
 
 func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc trace.SpanContext) (cheetah.Lease, error) {
@@ -278,6 +303,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	r.refreshIdle(w)
 	r.leases[l.key] = l
 	r.pushDeadline(l)
+	r.storeNew(l)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
 	ev := leaseEvent(LeaseAcquired, l)
 	ev.At = now
@@ -297,6 +323,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 		heap.Remove(&r.heap, l.heapIndex)
 	}
 	w.lease = nil
+	r.storeGone(l)
 	now := r.clock.Now()
 	ev := leaseEvent(LeaseEnded, l)
 	ev.Reason, ev.At = reason, now
@@ -397,6 +424,7 @@ func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) 
 // extend moves l's deadline to now + its TTL; r.mu is held.
 func (r *Registry) extend(l *lease, now time.Time) {
 	l.expiresAt = now.Add(l.ttl)
+	r.storeExpiry(l)
 	if l.heapIndex >= 0 {
 		heap.Fix(&r.heap, l.heapIndex)
 	} else if l.preserve == 0 {
@@ -406,11 +434,18 @@ func (r *Registry) extend(l *lease, now time.Time) {
 
 // Release clears the lease if its context still carries it, live or not.
 // It reports whether it did; it never fails with lease_lost.
-func (r *Registry) Release(_ context.Context, h cheetah.Lease) (bool, error) {
+func (r *Registry) Release(ctx context.Context, h cheetah.Lease) (bool, error) {
 	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.release(key, h), nil
+	l := r.leases[key]
+	released := r.release(key, h)
+	r.mu.Unlock()
+	if released {
+		// With durable leases, a release is told once no replica could
+		// bring the lease back from its row.
+		return true, awaitStored(ctx, l.gone)
+	}
+	return false, nil
 }
 
 // release ends the lease of digest key if h holds it; r.mu is held.

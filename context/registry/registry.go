@@ -104,6 +104,11 @@ type Config struct {
 	// holds a lease, without asking the database. Eight hex digits; the
 	// rest of the token stays 96 random bits.
 	TokenTag string
+	// DurableLeases writes every lease to the store as a row (PostgreSQL),
+	// so that another replica can adopt it when this one dies
+	// (durable_leases.go). An acquire and a release then return once their
+	// row is durable.
+	DurableLeases bool
 }
 
 // Limits of the acquire and send requests: the broker's own, declared once

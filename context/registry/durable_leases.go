@@ -1,0 +1,172 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/protocol"
+)
+
+// With Config.DurableLeases every lease has a row in the store, written in
+// the registry's decision order through the outbox: when a lease is made
+// (the acquire returns once that row is durable), when its expiry moves
+// more than half its TTL past the row's, when it moves here with its
+// client, and when it ends (deleted; a release returns once the deletion is
+// durable). The row's expiry is never later than the lease's, so a lease
+// whose replica died comes back, if at all, with no more time than it had.
+
+// rowOf is l's row.
+func rowOf(l *lease) history.PutLease {
+	w := l.ctx
+	return history.PutLease{TokenDigest: l.key, UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
+		TaskID: l.taskID, Epoch: l.epoch, TTL: l.ttl, RenewOnUse: l.renewOnUse, ExpiresAt: l.expiresAt}
+}
+
+// storeNew writes a new lease's row; r.mu is held.
+func (r *Registry) storeNew(l *lease) {
+	if !r.cfg.DurableLeases {
+		return
+	}
+	ch := make(chan error, 1)
+	l.durable, l.stored = ch, l.expiresAt
+	r.write(func(err error) { ch <- err }, rowOf(l))
+}
+
+// storeExpiry writes l's expiry when it moved more than half its TTL past
+// the row's, or before it (a renew to a shorter TTL); r.mu is held.
+func (r *Registry) storeExpiry(l *lease) {
+	if d := l.expiresAt.Sub(l.stored); !r.cfg.DurableLeases || (d >= 0 && d <= l.ttl/2) {
+		return
+	}
+	l.stored = l.expiresAt
+	r.write(nil, rowOf(l))
+}
+
+// storeMoved claims the row of a lease that came here with its client, or
+// that this replica adopted; r.mu is held.
+func (r *Registry) storeMoved(l *lease) {
+	if !r.cfg.DurableLeases {
+		return
+	}
+	l.stored = l.expiresAt
+	row := rowOf(l)
+	row.Claim = true
+	r.write(nil, row)
+}
+
+// storeGone deletes an ended lease's row; r.mu is held.
+func (r *Registry) storeGone(l *lease) {
+	if !r.cfg.DurableLeases {
+		return
+	}
+	ch := make(chan error, 1)
+	l.gone = ch
+	r.write(func(err error) { ch <- err }, history.DeleteLease{TokenDigest: l.key})
+}
+
+// awaitStored waits for a row's commit; a nil channel (leases not durable)
+// has nothing to wait for.
+func awaitStored(ctx context.Context, ch chan error) error {
+	if ch == nil {
+		return nil
+	}
+	select {
+	case err := <-ch:
+		ch <- err // others may wait for the same commit
+		if err != nil {
+			return cheetah.StoreUnavailable("registry: lease row", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return cheetah.StoreUnavailable("registry: lease row", fmt.Errorf("waiting for its commit: %w", ctx.Err()))
+	}
+}
+
+// AdoptOrphans takes in the leases of a connected client whose replica
+// died: rows the store marked orphaned (history.OrphanedLeases). Each goes
+// back on its context, with its token digest, task, epoch and the expiry
+// its row holds, if the context is here and free; the client is told of it
+// again. It returns how many it adopted.
+func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.users[userID]
+	if p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
+		return 0
+	}
+	c := p.clients[clientID]
+	n := 0
+	for _, row := range rows {
+		w := c.contexts[row.ContextID]
+		key := tokenKey(row.TokenDigest)
+		if l := r.leases[key]; l != nil {
+			// Here already (handed over before its old replica died, whose
+			// row was not rewritten yet): the row is claimed again.
+			r.storeMoved(l)
+			continue
+		}
+		if w == nil || w.lease != nil {
+			continue
+		}
+		l := &lease{key: key, ctx: w, taskID: row.TaskID, epoch: row.Epoch, ttl: row.TTL,
+			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, heapIndex: -1}
+		w.lease = l
+		r.leases[key] = l
+		r.pushDeadline(l)
+		r.refreshIdle(w)
+		r.storeMoved(l)
+		if w.live {
+			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+		}
+		n++
+	}
+	return n
+}
+
+// Connected reports whether the client is connected here.
+func (r *Registry) Connected(userID, clientID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.users[userID]
+	return p != nil && p.clients[clientID] != nil && p.clients[clientID].conn != nil
+}
+
+// ReconnectGrace is how long a disconnected client's leases survive.
+func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace }
+
+// Forget drops every client, context and lease, writing nothing: what a
+// replica does once it may no longer act (fenced), since other replicas
+// may take its clients and leases over from now on. Its connections are
+// closed with code; tokens of its leases then answer as unknown here.
+func (r *Registry) Forget(code protocol.CloseCode, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.users {
+		for _, c := range p.clients {
+			if c.conn != nil {
+				c.conn.Close(code, reason)
+				r.detach(c)
+			}
+			if c.grace != nil {
+				c.grace.Stop()
+				c.grace = nil
+			}
+			for _, w := range c.contexts {
+				if l := w.lease; l != nil {
+					delete(r.leases, l.key)
+					if l.heapIndex >= 0 {
+						heapRemove(r, l)
+					}
+					w.lease = nil
+				}
+				w.live = false
+				r.refreshIdle(w)
+				delete(c.contexts, w.id)
+			}
+			r.dropClient(c)
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package history
+
+import (
+	"context"
+	"time"
+)
+
+// Lease rows make a lease outlive the replica that holds it (DESIGN §9;
+// migrations/postgres/00004_leases.sql). They are written through the same
+// writer as commands, in the registry's decision order, on PostgreSQL only:
+// SQLite is single-node, and its leases live and die with its one broker.
+
+// PutLease writes a lease's row: a new lease or its new expiry, where the
+// row is this replica's (a row another replica took over stays theirs); with
+// Claim, the row becomes this replica's whoever held it (a lease that moved
+// here with its client, or that this replica adopted). The token itself is
+// never stored, only its digest.
+type PutLease struct {
+	Claim       bool
+	TokenDigest [32]byte
+	UserID      string
+	ClientID    string
+	ContextID   string
+	TaskID      string
+	Epoch       int64
+	TTL         time.Duration
+	RenewOnUse  bool
+	ExpiresAt   time.Time
+}
+
+// DeleteLease removes a lease's row, where it is this replica's: the lease
+// ended.
+type DeleteLease struct {
+	TokenDigest [32]byte
+}
+
+func (PutLease) isOp()    {}
+func (DeleteLease) isOp() {}
+
+// leaseChange is what the lease ops of one batch amount to for one lease:
+// the last one wins, as if they ran in order.
+type leaseChange struct {
+	put    PutLease
+	delete bool
+}
+
+const (
+	// replica_id takes the writing connection's setting (EXCLUDED's is
+	// this replica's). A replica cut off from the database may have writes
+	// held that reach it after others took its leases over: they change
+	// only rows still its own.
+	pgPutLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
+SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[])
+ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms
+WHERE leases.replica_id = EXCLUDED.replica_id`
+
+	pgClaimLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
+SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[])
+ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms,
+	replica_id = EXCLUDED.replica_id, orphaned_at = NULL`
+
+	pgDeleteLeases = `DELETE FROM leases WHERE token_digest = ANY($1::bytea[])
+AND replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
+)
+
+// planLease folds one lease op into p.
+func (p *writePlan) planLease(digest [32]byte, c leaseChange) {
+	if p.leaseAt == nil {
+		p.leaseAt = make(map[[32]byte]int)
+	}
+	if i, ok := p.leaseAt[digest]; ok {
+		// A claim earlier in the batch still claims: the later put would
+		// find the row not yet this replica's.
+		c.put.Claim = c.put.Claim || (!p.leases[i].delete && p.leases[i].put.Claim)
+		p.leases[i] = c
+		return
+	}
+	p.leaseAt[digest] = len(p.leases)
+	p.leases = append(p.leases, c)
+}
+
+// leaseArrays returns the arguments of pgPutLeases, pgClaimLeases and
+// pgDeleteLeases; nil for a statement with nothing to do.
+func leaseArrays(cs []leaseChange) (put, claim, del []any) {
+	var puts, claims []*PutLease
+	var gone [][]byte
+	for i := range cs {
+		switch c := &cs[i]; {
+		case c.delete:
+			gone = append(gone, c.put.TokenDigest[:])
+		case c.put.Claim:
+			claims = append(claims, &c.put)
+		default:
+			puts = append(puts, &c.put)
+		}
+	}
+	if len(gone) > 0 {
+		del = []any{gone}
+	}
+	return putArrays(puts), putArrays(claims), del
+}
+
+func putArrays(ls []*PutLease) []any {
+	if len(ls) == 0 {
+		return nil
+	}
+	n := len(ls)
+	var (
+		digest                    = make([][]byte, n)
+		user, client, ctxID, task = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		epoch, ttl                = make([]int64, n), make([]int64, n)
+		renew                     = make([]bool, n)
+		expires                   = make([]time.Time, n)
+	)
+	for i, l := range ls {
+		digest[i], user[i], client[i], ctxID[i], task[i] = l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID
+		epoch[i], ttl[i], renew[i], expires[i] = l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt)
+	}
+	return []any{digest, user, client, ctxID, task, epoch, ttl, renew, expires}
+}
+
+// OrphanLeases marks the rows of replicas that are no longer members as
+// orphaned (once: the first time counts), and deletes the orphans that no
+// replica adopted within grace. Any replica may call it at any time.
+func (s *Store) OrphanLeases(ctx context.Context, grace time.Duration) error {
+	const op = "history.OrphanLeases"
+	if err := s.clustered(op); err != nil {
+		return err
+	}
+	db := s.db.WithContext(ctx)
+	if err := db.Exec(`UPDATE leases SET orphaned_at = now() WHERE orphaned_at IS NULL AND ` + orphaned).Error; err != nil {
+		return s.replicaErr(op, err)
+	}
+	return s.replicaErr(op, db.Exec(`DELETE FROM leases WHERE orphaned_at < now() - ? * interval '1 millisecond'`,
+		grace.Milliseconds()).Error)
+}
+
+// OrphanedLeases returns the orphaned rows of a user's client that have
+// not expired: what the replica the client is connected to adopts.
+func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]PutLease, error) {
+	const op = "history.OrphanedLeases"
+	if err := s.clustered(op); err != nil {
+		return nil, err
+	}
+	type row struct {
+		TokenDigest []byte
+		ContextID   string
+		TaskID      string
+		Epoch       int64
+		TTLMs       int64 `gorm:"column:ttl_ms"`
+		RenewOnUse  bool
+		ExpiresAt   time.Time
+	}
+	var rows []row
+	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at FROM leases
+WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at > now()`, userID, clientID).Scan(&rows).Error
+	if err != nil {
+		return nil, s.replicaErr(op, err)
+	}
+	out := make([]PutLease, 0, len(rows))
+	for _, r := range rows {
+		l := PutLease{UserID: userID, ClientID: clientID, ContextID: r.ContextID, TaskID: r.TaskID, Epoch: r.Epoch,
+			TTL: time.Duration(r.TTLMs) * time.Millisecond, RenewOnUse: r.RenewOnUse, ExpiresAt: r.ExpiresAt}
+		if copy(l.TokenDigest[:], r.TokenDigest) == len(l.TokenDigest) {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// OrphanedClients returns the clients that have orphaned lease rows, by
+// user id then client id.
+func (s *Store) OrphanedClients(ctx context.Context) ([][2]string, error) {
+	const op = "history.OrphanedClients"
+	if err := s.clustered(op); err != nil {
+		return nil, err
+	}
+	type row struct{ UserID, ClientID string }
+	var rows []row
+	err := s.db.WithContext(ctx).Raw(`SELECT DISTINCT user_id, client_id FROM leases WHERE orphaned_at IS NOT NULL ORDER BY 1, 2`).
+		Scan(&rows).Error
+	if err != nil {
+		return nil, s.replicaErr(op, err)
+	}
+	out := make([][2]string, len(rows))
+	for i, r := range rows {
+		out[i] = [2]string{r.UserID, r.ClientID}
+	}
+	return out, nil
+}
