@@ -82,6 +82,25 @@ const (
 // Valid reports whether o is an owner of protocol v1.
 func (o Owner) Valid() bool { return o == OwnerWorker || o == OwnerHuman }
 
+// Effect is what a command does to its context, declared in hello.effects.
+type Effect string
+
+// The effects a command may declare.
+const (
+	EffectObserve Effect = "observe" // reads the context and changes nothing
+	EffectMutate  Effect = "mutate"  // changes the context or the world
+)
+
+// Valid reports whether e is a known effect.
+func (e Effect) Valid() bool { return e == EffectObserve || e == EffectMutate }
+
+// Bounds of hello.effects: command names are bounded as the broker bounds
+// a command's name.
+const (
+	MaxEffects        = 256
+	MaxCommandNameLen = 128
+)
+
 // ResponseMode says what the client owes the broker once a command ends.
 type ResponseMode string
 
@@ -158,6 +177,10 @@ type Hello struct {
 	Version    string            `json:"version,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
 	Capacity   *Capacity         `json:"capacity,omitempty"`
+	// Effects says, for each command the client offers, whether it only
+	// reads (EffectObserve) or changes something (EffectMutate). A
+	// command missing from it has no declared effect.
+	Effects map[string]Effect `json:"effects,omitempty"`
 }
 
 // ContextReport describes one context in a state frame.

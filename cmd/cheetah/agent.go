@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
@@ -79,6 +80,7 @@ func (c *agentCmd) Run() error {
 	a := agent.New(agent.Config{
 		URL: c.URL, TLSConfig: tc, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
 		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
+		Effects: map[string]protocol.Effect{"echo": agent.EchoEffect, "exec": agent.ExecEffect},
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))
