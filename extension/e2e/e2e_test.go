@@ -44,6 +44,12 @@ func TestExtension(t *testing.T) {
 		{"screenshot is a PNG in history", stepScreenshot},
 		{"popup shows the lease", stepPopup},
 		{"bad input gets error codes", stepBadInput},
+		{"navigation: status, redirects, partial loads, history", stepNavigation},
+		{"interaction: upload, select, check, press, hover, scroll, dialogs", stepInteraction},
+		{"reading: all, attributes, parser, iframe, evaluate", stepReading},
+		{"captures: full page, element, jpeg, pdf, options.capture", stepCaptures},
+		{"state: cookies and storage", stepState},
+		{"events, downloads and popups", stepEventsDownloadsPopups},
 		{"service worker restart keeps the lease", stepWorkerRestart},
 		{"release clears the mark", stepRelease},
 		{"a dropped connection comes back by itself", stepBrokerDrop},
@@ -239,12 +245,13 @@ type where struct {
 }
 
 type extracted struct {
-	URL       string `json:"url"`
-	Title     string `json:"title"`
-	Format    string `json:"format"`
-	Content   string `json:"content"`
-	Bytes     int    `json:"bytes"`
-	Truncated bool   `json:"truncated"`
+	URL       string   `json:"url"`
+	Title     string   `json:"title"`
+	Text      string   `json:"text"`
+	HTML      string   `json:"html"`
+	Values    []string `json:"values"`
+	Bytes     int      `json:"bytes"`
+	Truncated bool     `json:"truncated"`
 }
 
 func stepNavigate(t *testing.T, e *env, s *story) {
@@ -272,21 +279,21 @@ func stepNavigate(t *testing.T, e *env, s *story) {
 
 func stepExtract(t *testing.T, e *env, s *story) {
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#intro"})
-	if got.Content != "Hello from the form page" || got.Format != "text" || got.Truncated || got.Title != "Form" {
+	if got.Text != "Hello from the form page" || got.Truncated || got.Title != "Form" {
 		t.Fatalf("extract text: %+v", got)
 	}
 	page := ok[extracted](e, s.h, "extract", map[string]any{"format": "html"})
-	if !strings.HasPrefix(page.Content, "<!DOCTYPE html>") || !strings.Contains(page.Content, `<h1 id="intro">`) {
-		t.Fatalf("extract html: %.200s", page.Content)
+	if !strings.HasPrefix(page.HTML, "<!DOCTYPE html>") || !strings.Contains(page.HTML, `<h1 id="intro">`) {
+		t.Fatalf("extract html: %.200s", page.HTML)
 	}
 	ok[where](e, s.h, "navigate", map[string]any{"url": e.pages.URL + "/article"})
 	cut := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#text", "max_bytes": 10})
-	if cut.Content != "Grüße au" || cut.Bytes != 10 || !cut.Truncated || !utf8.ValidString(cut.Content) {
+	if cut.Text != "Grüße au" || cut.Bytes != 10 || !cut.Truncated || !utf8.ValidString(cut.Text) {
 		t.Fatalf("extract max_bytes 10: %+v", cut)
 	}
 	// Cutting inside a multi-byte character keeps the whole characters only.
 	cut = ok[extracted](e, s.h, "extract", map[string]any{"selector": "#text", "max_bytes": 3})
-	if cut.Content != "Gr" || cut.Bytes != 2 || !cut.Truncated {
+	if cut.Text != "Gr" || cut.Bytes != 2 || !cut.Truncated {
 		t.Fatalf("extract max_bytes 3: %+v", cut)
 	}
 }
@@ -303,18 +310,15 @@ func stepForm(t *testing.T, e *env, s *story) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the form was not submitted")
 	}
-	done := ok[where](e, s.h, "wait_for", map[string]any{"selector": "#done", "timeout_ms": 10000})
-	if !strings.Contains(done.URL, "/submitted?name=Ada+Lovelace") {
-		t.Fatalf("wait_for ended on %+v", done)
-	}
+	ok[map[string]any](e, s.h, "wait_for", map[string]any{"selector": "#done", "timeout_ms": 10000})
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#done"})
-	if got.Content != "Submitted: Ada Lovelace" {
-		t.Fatalf("after submit: %q", got.Content)
+	if got.Text != "Submitted: Ada Lovelace" || !strings.Contains(got.URL, "/submitted?name=Ada+Lovelace") {
+		t.Fatalf("after submit: %+v", got)
 	}
 	// type with submit: true submits the field's form.
 	ok[where](e, s.h, "navigate", map[string]any{"url": e.pages.URL + "/form"})
 	ok[map[string]any](e, s.h, "type", map[string]any{"selector": "#name", "text": "Grace", "submit": true})
-	ok[where](e, s.h, "wait_for", map[string]any{"selector": "#done", "visible": true})
+	ok[map[string]any](e, s.h, "wait_for", map[string]any{"selector": "#done", "state": "visible"})
 	// wait_for saw the answer page, so the server has had the request.
 	select {
 	case name := <-e.submitted:
@@ -339,8 +343,8 @@ func stepOrder(t *testing.T, e *env, s *story) {
 		}
 	}
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#greeting"})
-	if got.Content != "Hello, Hopper" {
-		t.Fatalf("greeting %q, want the commands run in order", got.Content)
+	if got.Text != "Hello, Hopper" {
+		t.Fatalf("greeting %q, want the commands run in order", got.Text)
 	}
 }
 
@@ -459,8 +463,10 @@ func stepBadInput(t *testing.T, e *env, s *story) {
 	if got.Title != "Article" {
 		t.Fatalf("after the timeouts: %+v", got)
 	}
-	// options and traceparent are accepted and ignored.
+	// Options the extension does not act on are left alone; malformed
+	// ones it acts on are invalid_params.
 	ok[extracted](e, h, "extract", map[string]any{"selector": "#text"}, cheetah.WithOptions(map[string]any{"anything": true}))
+	e.fails(h, "invalid_params", "extract", map[string]any{"selector": "#text"}, cheetah.WithOptions(map[string]any{"events": []string{"keys"}}))
 }
 
 func stepWorkerRestart(t *testing.T, e *env, s *story) {
@@ -499,7 +505,7 @@ func stepWorkerRestart(t *testing.T, e *env, s *story) {
 		json.Unmarshal(data, &got)
 		return true
 	})
-	if !strings.HasPrefix(got.Content, "Grüße aus Köln") {
+	if !strings.HasPrefix(got.Text, "Grüße aus Köln") {
 		t.Fatalf("extract after the restart: %+v", got)
 	}
 	// The command re-marked the tab for its task.

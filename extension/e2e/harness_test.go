@@ -163,6 +163,43 @@ const articlePage = `<!doctype html>
 <html><head><meta charset="utf-8"><title>Article</title></head>
 <body><article id="text">Grüße aus Köln — 🐆 fast cats</article></body></html>`
 
+// downloadBody is what /download serves as an attachment.
+const downloadBody = "name,count\nada,1\ngrace,2\n"
+
+// kitchenPage has one of everything the catalogue drives: a file input, a
+// multiple select, a checkbox, a key log, a hover target, dialogs, a list
+// for the parser, a target=_blank link, a download link, a same-origin
+// iframe, and a page taller than the viewport.
+const kitchenPage = `<!doctype html>
+<html><head><meta charset="utf-8"><title>Kitchen</title>
+<style>body{margin:8px;font:16px sans-serif}.tall{height:3000px;background:linear-gradient(#fff,#09c)}</style></head>
+<body>
+<input id="file" type="file" multiple><p id="files"></p>
+<select id="sel" multiple><option value="a">Apple</option><option value="b">Banana</option><option value="c">Cherry</option></select>
+<input id="agree" type="checkbox">
+<input id="keys" value="hello"><p id="keylog"></p>
+<div id="hov">hover me</div>
+<button id="confirm" onclick="document.getElementById('answer').textContent = String(confirm('Sure?'))">confirm</button>
+<button id="prompt" onclick="document.getElementById('answer').textContent = String(prompt('Name?'))">prompt</button>
+<p id="answer"></p>
+<ul id="list"><li><span class="n">one</span> <a href="/a/1">1</a></li><li><span class="n">two</span> <a href="/a/2">2</a></li><li><span class="n">three</span> <a href="/a/3">3</a></li></ul>
+<a id="pop" href="/article" target="_blank">popup</a>
+<a id="dl" href="/download">download</a>
+<a id="next" href="/article">next</a>
+<iframe id="f" src="/article" width="400" height="100"></iframe>
+<div class="tall"></div>
+<script>
+document.getElementById('file').addEventListener('change', function (e) {
+  document.getElementById('files').textContent = [].map.call(e.target.files, function (f) { return f.name + ':' + f.size; }).join(',');
+});
+document.getElementById('keys').addEventListener('keydown', function (e) {
+  document.getElementById('keylog').textContent += e.key + (e.ctrlKey ? '^' : '') + ' ';
+});
+document.getElementById('hov').addEventListener('mouseover', function () { document.getElementById('hov').dataset.hovered = 'yes'; });
+console.log('kitchen ready');
+</script>
+</body></html>`
+
 func (e *env) startPages() {
 	t := e.t
 	stop := make(chan struct{})
@@ -188,6 +225,30 @@ func (e *env) startPages() {
 	mux.HandleFunc("/person", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		io.WriteString(w, `<!doctype html><html><head><title>A person's own tab</title></head><body><p id="mine">mine</p></body></html>`)
+	})
+	mux.HandleFunc("/kitchen", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, kitchenPage)
+	})
+	// /slowimg is a page whose one image never loads: its load event never
+	// comes.
+	mux.HandleFunc("/slowimg", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, `<!doctype html><html><head><title>Slow image</title></head><body><p id="here">the text is here</p><img src="/never"></body></html>`)
+	})
+	mux.HandleFunc("/missing", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `<!doctype html><html><head><title>Not here</title></head><body>404</body></html>`)
+	})
+	mux.HandleFunc("/hop1", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/hop2", http.StatusFound) })
+	mux.HandleFunc("/hop2", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/article", http.StatusMovedPermanently)
+	})
+	mux.HandleFunc("/download", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/csv")
+		w.Header().Set("Content-Disposition", `attachment; filename="report.csv"`)
+		io.WriteString(w, downloadBody)
 	})
 	// /never answers nothing until the browser gives up or the test ends.
 	mux.HandleFunc("/never", func(w http.ResponseWriter, r *http.Request) {

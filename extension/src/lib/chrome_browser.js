@@ -169,7 +169,7 @@ export class ChromeBrowser {
    * no navigation began that long after trigger; waitUntil null does not
    * wait at all.
    */
-  navigation(tabId, trigger, { waitUntil = 'load', softDeadline, graceMs = 0, signal, onPhase = () => {} } = {}) {
+  navigation(tabId, trigger, { waitUntil = 'load', softDeadline, graceMs = 0, signal, onPhase = () => {}, expectURL } = {}) {
     return abortable(signal, (resolve, reject) => {
       const s = {
         started: false, committed: false, dcl: false, load: false, status: null, redirects: [], requestId: null,
@@ -217,7 +217,8 @@ export class ChromeBrowser {
               clearTimeout(idleTimer);
               idleTimer = null;
             }
-            if (d.type === 'main_frame' && d.frameId === 0) {
+            // A redirect asks again under the same request id.
+            if (d.type === 'main_frame' && d.frameId === 0 && d.requestId !== s.requestId) {
               s.started = true;
               s.requestId = d.requestId;
               s.redirects = [];
@@ -235,6 +236,9 @@ export class ChromeBrowser {
             s.committed = s.dcl = s.load = false;
             break;
           case 'committed':
+            // The about:blank of an earlier command's stop is not this
+            // navigation's document.
+            if (expectURL && expectURL !== 'about:blank' && d.url === 'about:blank') return;
             s.started = true;
             s.url = d.url;
             phase('committed');
@@ -309,24 +313,25 @@ export class ChromeBrowser {
   }
 
   navigate(tabId, url, opts = {}) {
-    return this.navigation(tabId, () => chrome.tabs.update(tabId, { url }), opts);
+    return this.navigation(tabId, () => chrome.tabs.update(tabId, { url }), { ...opts, expectURL: url });
   }
 
   reload(tabId, { bypassCache = false, ...opts } = {}) {
     return this.navigation(tabId, () => chrome.tabs.reload(tabId, { bypassCache }), opts);
   }
 
-  /** history goes back (-1) or forward (1) a page. */
+  /**
+   * history goes back (-1) or forward (1) a page. It picks the entry through
+   * the debugger: Chrome's own goBack skips the entries of pages that
+   * navigated without a person's gesture, which is every page a command
+   * clicked away from.
+   */
   history(tabId, delta, opts = {}) {
     return this.navigation(tabId, async () => {
-      try {
-        await (delta < 0 ? chrome.tabs.goBack(tabId) : chrome.tabs.goForward(tabId));
-      } catch (e) {
-        if (/cannot find/i.test(String(e?.message))) {
-          throw new CommandError(CODES.NAVIGATION_FAILED, `there is no page to go ${delta < 0 ? 'back' : 'forward'} to`);
-        }
-        throw e;
-      }
+      const h = await this.cdp(tabId, 'Page.getNavigationHistory');
+      const entry = h.entries[h.currentIndex + delta];
+      if (!entry) throw new CommandError(CODES.NAVIGATION_FAILED, `there is no page to go ${delta < 0 ? 'back' : 'forward'} to`);
+      await this.cdp(tabId, 'Page.navigateToHistoryEntry', { entryId: entry.id });
     }, opts);
   }
 
@@ -347,7 +352,9 @@ export class ChromeBrowser {
         // not scriptable: fall through
       }
     }
-    await chrome.tabs.update(tabId, { url: 'about:blank' });
+    await this.navigation(tabId, () => chrome.tabs.update(tabId, { url: 'about:blank' }), {
+      waitUntil: 'load', softDeadline: Date.now() + 2000,
+    }).catch(() => {});
   }
 
   async tabInfo(tabId) {

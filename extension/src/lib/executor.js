@@ -102,6 +102,7 @@ export class Executor {
     this.inflight = new Map(); // command_id → {ac, tabKey}
     this.running = new Map(); // tabId → {id, options} of the command running there
     this.dialogs = new Map(); // tabId → the dialog policy the tab's last command set
+    this.unreported = new Map(); // tabId → popups it opened while no command ran
   }
 
   /** pending is how many commands of a tab are queued or running. */
@@ -121,7 +122,14 @@ export class Executor {
    */
   emit(tabId, kind, data) {
     const cur = this.running.get(tabId) ?? this.running.get(this.parentOf(tabId));
-    if (!cur || cur.done) return;
+    if (!cur || cur.done) {
+      // A popup that opened between commands is told to the next one.
+      if (kind === 'popup') {
+        const owner = this.parentOf(tabId) ?? tabId;
+        this.unreported.set(owner, [...(this.unreported.get(owner) ?? []), data]);
+      }
+      return;
+    }
     if (kind === 'download') {
       cur.pendingWork.push(this.download(cur, data));
       return;
@@ -192,6 +200,8 @@ export class Executor {
         }
         cur = { id, options, pendingWork: [], done: false };
         this.running.set(tabId, cur);
+        for (const data of this.unreported.get(tabId) ?? []) this.send(eventFrame(id, 'popup', data));
+        this.unreported.delete(tabId);
         if (options.dialogs) this.dialogs.set(tabId, options);
         await this.onCommand(tabId, cmd);
         const budget = end - this.now();
