@@ -417,6 +417,9 @@ export class ChromeBrowser {
         }
         await chrome.debugger.sendCommand({ tabId }, 'Page.enable');
         await chrome.debugger.sendCommand({ tabId }, 'Runtime.enable');
+        // Key presses reach the focused element even while the worker
+        // window is not the focused one.
+        await chrome.debugger.sendCommand({ tabId }, 'Emulation.setFocusEmulationEnabled', { enabled: true });
       })();
       this.attached.set(tabId, p);
       p.catch(() => this.attached.delete(tabId));

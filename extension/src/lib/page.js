@@ -65,17 +65,11 @@ export function pageRun(op, a) {
   const textOf = (el) => (el.innerText ?? el.textContent ?? '');
   const valueOf = (el, attribute) => {
     if (!attribute) return textOf(el).trim();
-    // An attribute, or failing that a property (value, checked, href…).
-    if (el.hasAttribute(attribute)) {
-      const prop = el[attribute];
-      // href and src as the page resolves them.
-      if ((attribute === 'href' || attribute === 'src') && typeof prop === 'string') return prop;
-      return el.getAttribute(attribute);
-    }
+    // A live property where the element has one (value, checked, href as
+    // resolved), else the attribute.
     const v = el[attribute];
-    if (v === undefined || typeof v === 'function') return null;
-    if (v === null || ['string', 'number', 'boolean'].includes(typeof v)) return v;
-    return String(v);
+    if (v !== undefined && v !== null && ['string', 'number', 'boolean'].includes(typeof v)) return v;
+    return el.getAttribute(attribute);
   };
   try {
     switch (op) {
