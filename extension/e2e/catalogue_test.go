@@ -391,6 +391,7 @@ func stepEventsDownloadsPopups(t *testing.T, e *env, s *story) {
 	if n := eval[int](e, `chrome.downloads.search({}).then((l) => l.filter((d) => d.exists && d.state === 'complete').length)`); n != 0 {
 		t.Fatalf("%d downloads landed", n)
 	}
+	ok[loaded](e, h, "navigate", map[string]any{"url": base + "/article"}) // where the later steps expect the tab
 	// A target=_blank tab belongs to the lease: reported, driven, closed
 	// when the lease ends.
 	h2, err := e.mgr.Acquire(e.ctx, cheetah.AcquireRequest{UserID: userID, TaskID: "popups", ClientType: cheetah.Browser})
