@@ -78,6 +78,25 @@ type story struct {
 const taskID = "e2e-task"
 
 func stepConnect(t *testing.T, e *env, _ *story) {
+	// The options page checks the broker URL before it saves it.
+	if msg := e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Not saved:") || !strings.Contains(msg, "nothing at /nope/ws/v1/client (HTTP 404)") {
+		t.Fatalf("a wrong path: the options page says %q", msg)
+	}
+	if stored := eval[any](e, `chrome.storage.local.get('brokerUrl').then((c) => c.brokerUrl ?? null)`); stored != nil {
+		t.Fatalf("the wrong URL was saved: %v", stored)
+	}
+	dead := "http://127.0.0.1:1"
+	if msg := e.save(dead, "chk_nobody_0000", 2); !strings.Contains(msg, "nothing answers at 127.0.0.1:1") {
+		t.Fatalf("an unreachable broker: the options page says %q", msg)
+	}
+	// Saving it again keeps it, and the state says it never connected.
+	if msg := e.save(dead, "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Saved, though nothing answers") {
+		t.Fatalf("the second save of an unreachable broker: %q", msg)
+	}
+	eventually(t, 10*time.Second, "the options page to say it could not connect", func() bool {
+		_, detail := e.optionsState()
+		return strings.Contains(detail, "could not connect to ws://127.0.0.1:1/ws/v1/client")
+	})
 	// A wrong key: the broker closes with 4401 and the extension stops
 	// trying, and says why.
 	e.configure("chk_nobody_0000", 2)

@@ -360,14 +360,24 @@ func (e *env) extURL(page string) string { return "chrome-extension://" + e.extI
 
 // configure fills the options page as a person would and saves it.
 func (e *env) configure(key string, poolSize int) {
+	e.t.Helper()
+	if msg := e.save(e.brokerURL, key, poolSize); msg != "Saved." {
+		e.t.Fatalf("the options page says %q, want Saved.", msg)
+	}
+}
+
+// save fills the options page, saves, and returns what the page says once
+// it has checked the broker.
+func (e *env) save(brokerURL, key string, poolSize int) string {
 	t := e.t
+	t.Helper()
 	if e.ext == nil {
 		e.ext = e.newTab(e.extURL("options.html"))
 	}
 	err := chromedp.Do(e.ext,
 		chromedp.WaitVisible(chromedp.ID("broker-url")),
 		chromedp.Evaluate[chromedp.Void](`document.getElementById('message').textContent = ''`),
-		chromedp.SetValue(chromedp.ID("broker-url"), e.brokerURL),
+		chromedp.SetValue(chromedp.ID("broker-url"), brokerURL),
 		chromedp.SetValue(chromedp.ID("client-key"), key),
 		chromedp.SetValue(chromedp.ID("pool-size"), fmt.Sprint(poolSize)),
 		chromedp.Click(chromedp.ID("save")),
@@ -375,10 +385,12 @@ func (e *env) configure(key string, poolSize int) {
 	if err != nil {
 		t.Fatalf("fill the options page: %v", err)
 	}
-	eventually(t, 10*time.Second, "the options page to say Saved", func() bool {
-		msg, err := chromedp.Run(e.ext, chromedp.Evaluate[string](`document.getElementById('message').textContent`))
-		return err == nil && msg == "Saved."
+	var msg string
+	eventually(t, 10*time.Second, "the options page to say what it did", func() bool {
+		msg, err = chromedp.Run(e.ext, chromedp.Evaluate[string](`document.getElementById('message').textContent`))
+		return err == nil && msg != "" && !strings.HasPrefix(msg, "Checking")
 	})
+	return msg
 }
 
 // optionsState is the connection state the options page shows.

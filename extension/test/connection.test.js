@@ -258,3 +258,15 @@ test('a wss:// connection that never opens says the certificate may be why', asy
   ws.serverClose(1006);
   assert.doesNotMatch(opened.conn.status.detail, /certificate/);
 });
+
+test('a socket that never opened says it could not connect, not that it was lost', async () => {
+  const { conn } = setup();
+  await conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.equal(conn.status.state, 'waiting');
+  assert.match(conn.status.detail, /^could not connect to ws:\/\/127\.0\.0\.1:8420\/ws\/v1\/client: no broker answered there/);
+  assert.doesNotMatch(conn.status.detail, /lost/);
+  const { conn: c2 } = await connected();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.match(c2.status.detail, /the connection was lost/);
+});

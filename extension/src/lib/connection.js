@@ -93,7 +93,7 @@ export class Connection {
     }
     if (gen !== this.gen) return;
     if (!cfg || !cfg.url || !cfg.token) {
-      this.setStatus('unconfigured', { detail: 'set the broker URL and a client key in the options' });
+      this.setStatus('unconfigured', { detail: '' });
       return;
     }
     let ws;
@@ -213,10 +213,10 @@ export class Connection {
     const err = this.brokerError;
     const effective = CLOSE_FOR_ERROR[err?.code] ?? code;
     let detail = [closeReason(effective), err?.message].filter(Boolean).join(': ');
-    // A browser says nothing of why a wss:// connection never opened; a
-    // certificate it does not trust is the usual cause.
-    if (!this.opened && !err && code === 1006 && this.url?.startsWith('wss:')) {
-      detail += ' before it opened: is the broker serving TLS there, with a certificate this browser trusts?';
+    // A connection that never opened was not lost: it never was. A browser
+    // does not say why; say what to check.
+    if (!this.opened && !err && code === 1006) {
+      detail = neverOpened(this.url);
     }
     if (isPermanentClose(effective)) {
       this.gen++; // nothing of this connection may act any more
@@ -298,4 +298,18 @@ export class Connection {
     this.pingTimer = null;
     this.handshakeTimer = null;
   }
+}
+
+/**
+ * neverOpened says what a WebSocket that never opened means: nothing
+ * answered at that address, or something did that is not the broker's
+ * WebSocket (a wrong path), or, for wss://, a certificate the browser does
+ * not trust.
+ */
+export function neverOpened(url) {
+  const base = `could not connect to ${url}: no broker answered there`;
+  if (url?.startsWith('wss:')) {
+    return `${base} (is the broker serving TLS there, with a certificate this browser trusts? is the path right?)`;
+  }
+  return `${base} (is it running, and are the host, port and path right?)`;
 }
