@@ -256,6 +256,10 @@ func stepReading(t *testing.T, e *env, s *story) {
 		t.Fatalf("extract in the iframe: %+v", x)
 	}
 	e.fails(h, "no_such_frame", "extract", map[string]any{"frame": "#nope", "selector": "#text"})
+	ok[map[string]any](e, h, "wait_for", map[string]any{"selector": "#nope", "state": "detached"})
+	ok[map[string]any](e, h, "wait_for", map[string]any{"selector": "#text", "state": "visible", "frame": "#f"})
+	e.fails(h, "timeout", "wait_for", map[string]any{"selector": "#hov", "state": "hidden", "timeout_ms": 300})
+
 	e.fails(h, "no_such_element", "click", map[string]any{"frame": "#f", "selector": "#nope"})
 	// evaluate is off until the person turns it on.
 	e.fails(h, "not_enabled", "evaluate", map[string]any{"expression": "() => 1"})
@@ -385,8 +389,20 @@ func stepEventsDownloadsPopups(t *testing.T, e *env, s *story) {
 		t.Fatalf("download capture %q", got)
 	}
 	ev := messages(rec, cheetah.KindEvent, "download")
-	if len(ev) != 1 || eventData(t, ev[0])["state"] != "captured" {
+	if len(ev) != 1 || eventData(t, ev[0])["state"] != "captured" || eventData(t, ev[0])["name"] != "report.csv" {
 		t.Fatalf("download events %+v", ev)
+	}
+	// navigate to a download: the tab keeps its page, the bytes come back.
+	type navDownload struct {
+		loaded
+		Download map[string]any `json:"download"`
+	}
+	nav, rec := okRec[navDownload](e, h, "navigate", map[string]any{"url": base + "/download"})
+	if nav.Download == nil || nav.URL != base+"/kitchen" {
+		t.Fatalf("navigate to a download: %+v", nav)
+	}
+	if got := captureOf(t, rec, "text/csv"); string(got) != downloadBody {
+		t.Fatalf("download capture of navigate %q", got)
 	}
 	if n := eval[int](e, `chrome.downloads.search({}).then((l) => l.filter((d) => d.exists && d.state === 'complete').length)`); n != 0 {
 		t.Fatalf("%d downloads landed", n)

@@ -460,3 +460,25 @@ test('element commands reach the page with their params', async () => {
   assert.ok(browser.log.some((l) => l[0] === 'navigation' && l[2] === 'load'));
   assert.deepEqual(terminal(all.command_id).data, { values: ['#intro'], bytes: 11, truncated: true });
 });
+
+test('a download too large for a frame is cancelled with an event saying why', async () => {
+  const { ex, cmd, frames, browser } = setup({ maxMessageBytes: 8192 });
+  const sizes = [];
+  browser.fetchBytes = async (url, max) => {
+    sizes.push(max);
+    return { too_large: true, bytes: max + 1 };
+  };
+  let release;
+  browser.gates.set('https://e.x/slow', { p: new Promise((r) => { release = r; }) });
+  const c = cmd('navigate', { url: 'https://e.x/slow' });
+  const p = ex.handleCommand(c);
+  await new Promise((r) => setImmediate(r));
+  ex.emit(1, 'download', { url: 'https://e.x/big.iso', name: 'big.iso' });
+  release();
+  await p;
+  const f = frames(c.command_id);
+  assert.deepEqual(f.map((x) => x.type), ['ack', 'event', 'result']);
+  assert.equal(f[1].data.state, 'cancelled');
+  assert.match(f[1].data.reason, /max_message_bytes/);
+  assert.deepEqual(sizes, [Math.floor((8192 - 4096) * 3 / 4)]);
+});

@@ -12,6 +12,9 @@ import { Mutex } from './queue.js';
 // meaning).
 export const NETWORK_IDLE_MS = 500;
 const DEBUGGER_VERSION = '1.3';
+// A download is taken for a worker tab's when that tab requested its URL
+// this recently.
+const DOWNLOAD_MATCH_MS = 30_000;
 
 /** chromeError turns an extension API failure into a CommandError. */
 export function chromeError(e) {
@@ -80,7 +83,7 @@ export class ChromeBrowser {
     // screenshots take turns across all tabs.
     this.captureLock = new Mutex();
     this.net = new Map(); // tabId → {inflight: Set, listeners: Set}
-    this.requested = new Map(); // url → tabId, recent requests of tracked tabs
+    this.requested = new Map(); // url → {tabId, at}, recent requests of tracked tabs
     this.attached = new Map(); // tabId → Promise of the attach
     this.listen();
   }
@@ -106,13 +109,14 @@ export class ChromeBrowser {
     wr.onBeforeRequest.addListener((d) => {
       if (d.tabId < 0 || !this.tracked(d.tabId)) return;
       this.netOf(d.tabId).inflight.add(d.requestId);
-      this.requested.set(d.url, d.tabId);
+      this.requested.delete(d.url); // newest last
+      this.requested.set(d.url, { tabId: d.tabId, at: Date.now() });
       if (this.requested.size > 500) this.requested.delete(this.requested.keys().next().value);
       this.notify(d.tabId, { kind: 'request', d });
     }, filter);
     wr.onBeforeRedirect.addListener((d) => {
       if (d.tabId < 0 || !this.tracked(d.tabId)) return;
-      this.requested.set(d.redirectUrl, d.tabId);
+      this.requested.set(d.redirectUrl, { tabId: d.tabId, at: Date.now() });
       this.notify(d.tabId, { kind: 'redirect', d });
     }, filter);
     wr.onResponseStarted.addListener((d) => {
@@ -617,8 +621,11 @@ export class ChromeBrowser {
    * URL to the tab's command, which fetches the bytes itself.
    */
   async onDownload(item) {
-    let tabId = this.requested.get(item.finalUrl) ?? this.requested.get(item.url);
-    if (tabId === undefined && item.referrer) tabId = this.requested.get(item.referrer);
+    const recent = (url) => {
+      const r = url ? this.requested.get(url) : undefined;
+      return r && Date.now() - r.at < DOWNLOAD_MATCH_MS ? r.tabId : undefined;
+    };
+    const tabId = recent(item.finalUrl) ?? recent(item.url) ?? recent(item.referrer);
     if (tabId === undefined || !this.tracked(tabId)) return;
     try {
       await chrome.downloads.cancel(item.id);
@@ -663,7 +670,11 @@ export class ChromeBrowser {
       all.set(p, at);
       at += p.length;
     }
-    return { mime: (r.headers.get('content-type') || 'application/octet-stream').split(';')[0].trim(), bytes: size, data: base64Of(all) };
+    const name = /filename\*?=(?:UTF-8'')?"?([^";]+)"?/i.exec(r.headers.get('content-disposition') || '')?.[1];
+    return {
+      mime: (r.headers.get('content-type') || 'application/octet-stream').split(';')[0].trim(), bytes: size, data: base64Of(all),
+      name: name ? decodeURIComponent(name) : null,
+    };
   }
 
   async closeTab(tabId) {

@@ -147,7 +147,7 @@ export class Executor {
         ev = { ...ev, state: 'cancelled', reason: `larger than the broker's max_message_bytes allows (${room} bytes)` };
       } else {
         if (!cur.done) this.send(captureFrame(cur.id, got.mime, got.data));
-        ev = { ...ev, state: 'captured', mime: got.mime, bytes: got.bytes };
+        ev = { ...ev, name: ev.name ?? got.name ?? null, state: 'captured', mime: got.mime, bytes: got.bytes };
       }
     } catch (e) {
       ev = { ...ev, state: 'cancelled', reason: String(e?.message ?? e) };
