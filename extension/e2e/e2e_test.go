@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -389,14 +388,7 @@ func stepScreenshot(t *testing.T, e *env, s *story) {
 	if capture.Seq > rec.Messages[len(rec.Messages)-1].Seq || rec.Messages[len(rec.Messages)-1].Kind != cheetah.KindResult {
 		t.Errorf("the capture does not come before the result: %+v", rec.Messages)
 	}
-	var b64 string
-	if err := json.Unmarshal(capture.Data, &b64); err != nil {
-		t.Fatalf("capture data: %v", err)
-	}
-	raw, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := captureOf(t, rec, "image/png")
 	img, err := png.Decode(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatalf("the capture is not a PNG: %v", err)
