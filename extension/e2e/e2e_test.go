@@ -94,7 +94,16 @@ func stepConnect(t *testing.T, e *env, _ *story) {
 	}
 	eventually(t, 10*time.Second, "the options page to say it could not connect", func() bool {
 		_, detail := e.optionsState()
-		return strings.Contains(detail, "could not connect to ws://127.0.0.1:1/ws/v1/client")
+		return strings.HasPrefix(detail, "could not connect to ws://127.0.0.1:1/ws/v1/client: nothing answers at 127.0.0.1:1")
+	})
+	// A wrong path kept anyway: the state says so too, not "lost".
+	e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2)
+	if msg := e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Saved, though") {
+		t.Fatalf("the second save of a wrong path: %q", msg)
+	}
+	eventually(t, 10*time.Second, "the state to name the wrong path", func() bool {
+		_, detail := e.optionsState()
+		return strings.Contains(detail, "could not connect to ws://"+strings.TrimPrefix(e.brokerURL, "http://")+"/nope/ws/v1/client: "+strings.TrimPrefix(e.brokerURL, "http://")+" answered, but has nothing at /nope/ws/v1/client (HTTP 404)")
 	})
 	// A wrong key: the broker closes with 4401 and the extension stops
 	// trying, and says why.

@@ -15,6 +15,7 @@ import { Executor, commandTab } from './lib/executor.js';
 import { Marks } from './lib/marks.js';
 import { DEFAULT_POOL_SIZE, buildReport, checkPoolSize, planPool, reportKey } from './lib/pool.js';
 import { newClientId, normalizeBrokerURL, stateFrame } from './lib/protocol.js';
+import { diagnoseBroker } from './lib/probe.js';
 import { Mutex } from './lib/queue.js';
 
 const VERSION = chrome.runtime.getManifest().version;
@@ -65,6 +66,7 @@ const conn = new Connection({
   onHalt: (h) => chrome.storage.session.set({ halted: h }),
   backoff: new Backoff({ minMs: 1000, maxMs: 60000 }),
   log,
+  diagnose: async (url) => (await diagnoseBroker(url, fetch)).message,
 });
 
 const executor = new Executor({

@@ -48,10 +48,13 @@ export class Connection {
     pingMs = PING_MS,
     handshakeMs = HANDSHAKE_MS,
     log = () => {},
+    // diagnose(wsUrl) says why a socket never opened, when it can tell
+    // (see probe.js); null when it cannot.
+    diagnose = null,
   }) {
     Object.assign(this, {
       WebSocket, getConfig, scheduleReconnect, cancelReconnect, onWelcome, onFrame,
-      onStatus, onReconnectState, onHalt, timers, now, backoff, pingMs, handshakeMs, log,
+      onStatus, onReconnectState, onHalt, timers, now, backoff, pingMs, handshakeMs, log, diagnose,
     });
     this.gen = 0;
     this.ws = null;
@@ -215,9 +218,8 @@ export class Connection {
     let detail = [closeReason(effective), err?.message].filter(Boolean).join(': ');
     // A connection that never opened was not lost: it never was. A browser
     // does not say why; say what to check.
-    if (!this.opened && !err && code === 1006) {
-      detail = neverOpened(this.url);
-    }
+    const never = !this.opened && !err && code === 1006;
+    if (never) detail = neverOpened(this.url);
     if (isPermanentClose(effective)) {
       this.gen++; // nothing of this connection may act any more
       this.setStatus('halted', { detail, closeCode: effective });
@@ -226,6 +228,16 @@ export class Connection {
     }
     this.log('connection closed', code, reason, wasWelcomed ? '(was connected)' : '');
     this.retry(gen, detail);
+    if (never && this.diagnose) {
+      const url = this.url;
+      const status = this.status;
+      Promise.resolve(this.diagnose(url)).then((why) => {
+        // Only while still waiting after this very attempt.
+        if (!why || gen !== this.gen || this.status !== status) return;
+        this.status = { ...status, detail: `could not connect to ${url}: ${why}` };
+        this.onStatus(this.status);
+      }, () => {});
+    }
   }
 
   /** retry schedules the next attempt after the backoff delay. */

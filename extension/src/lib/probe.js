@@ -9,6 +9,26 @@ export function httpURLOf(wsUrl) {
 }
 
 /**
+ * diagnoseBroker asks over HTTP why a WebSocket to wsUrl did not open:
+ * {ok: false, reason, message}, reason "unreachable" (nothing answered),
+ * "wrong_path" (a server answered 404 there) or "refused" (a server
+ * answered, but not with a WebSocket).
+ */
+export async function diagnoseBroker(wsUrl, fetch) {
+  const url = httpURLOf(wsUrl);
+  let r;
+  try {
+    r = await fetch(url, { method: 'GET', cache: 'no-store', credentials: 'omit' });
+  } catch {
+    return { ok: false, reason: 'unreachable', message: `nothing answers at ${new URL(url).host}: is the broker running there, and is the host and port right?` };
+  }
+  if (r.status === 404) {
+    return { ok: false, reason: 'wrong_path', message: `${new URL(url).host} answered, but has nothing at ${new URL(url).pathname} (HTTP 404): is the path right?` };
+  }
+  return { ok: false, reason: 'refused', message: `${url} answered HTTP ${r.status} but did not accept the WebSocket: is this a Cheetah broker?` };
+}
+
+/**
  * probeBroker resolves {ok: true} when the WebSocket opened, else
  * {ok: false, reason, message}: reason "unreachable" (nothing answered),
  * "wrong_path" (a server answered 404 there) or "refused" (a server
@@ -25,21 +45,7 @@ export function probeBroker(wsUrl, { WebSocket, fetch, timeoutMs = 5000, timers 
       if (ws) ws.onopen = ws.onclose = ws.onerror = null;
       resolve(v);
     };
-    const diagnose = async () => {
-      const url = httpURLOf(wsUrl);
-      let r;
-      try {
-        r = await fetch(url, { method: 'GET', cache: 'no-store', credentials: 'omit' });
-      } catch {
-        finish({ ok: false, reason: 'unreachable', message: `nothing answers at ${new URL(url).host}: is the broker running there, and is the host and port right?` });
-        return;
-      }
-      if (r.status === 404) {
-        finish({ ok: false, reason: 'wrong_path', message: `${new URL(url).host} answered, but has nothing at ${new URL(url).pathname} (HTTP 404): is the path right?` });
-        return;
-      }
-      finish({ ok: false, reason: 'refused', message: `${url} answered HTTP ${r.status} but did not accept the WebSocket: is this a Cheetah broker?` });
-    };
+    const diagnose = async () => finish(await diagnoseBroker(wsUrl, fetch));
     const timer = timers.setTimeout(() => {
       try {
         ws?.close();
