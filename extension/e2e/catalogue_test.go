@@ -414,6 +414,10 @@ func stepEventsDownloadsPopups(t *testing.T, e *env, s *story) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Acquiring brings the tab to the front of the worker window.
+	eventually(t, 10*time.Second, "the acquired tab to come to the front", func() bool {
+		return eval[bool](e, fmt.Sprintf(`chrome.tabs.get(%s).then((t) => t.active)`, strings.TrimPrefix(h2.ContextID(), "tab-")))
+	})
 	ok[loaded](e, h2, "navigate", map[string]any{"url": base + "/kitchen"})
 	_, rec = okRec[acted](e, h2, "click", map[string]any{"selector": "#pop", "wait_until": "load"})
 	var child string
