@@ -200,6 +200,13 @@ func stepInteraction(t *testing.T, e *env, s *story) {
 	if v := ok[vals](e, h, "extract", map[string]any{"selector": "#hov", "attribute": "data-hovered"}); len(v.Values) != 1 || v.Values[0] != "yes" {
 		t.Fatalf("hover: %v", v.Values)
 	}
+	ok[acted](e, h, "click", map[string]any{"selector": "#clicks", "click_count": 2})
+	ok[acted](e, h, "click", map[string]any{"selector": "#clicks", "button": "right"})
+	for _, attr := range []string{"data-dbl", "data-menu"} {
+		if v := ok[vals](e, h, "extract", map[string]any{"selector": "#clicks", "attribute": attr}); len(v.Values) != 1 || v.Values[0] != "yes" {
+			t.Fatalf("%s after a double and a right click: %v", attr, v.Values)
+		}
+	}
 	sc := ok[map[string]float64](e, h, "scroll", map[string]any{"y": 500})
 	if sc["y"] < 499 || sc["x"] != 0 {
 		t.Fatalf("scroll by 500: %v", sc)

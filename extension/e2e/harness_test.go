@@ -182,6 +182,7 @@ const kitchenPage = `<!doctype html>
 <button id="confirm" onclick="document.getElementById('answer').textContent = String(confirm('Sure?'))">confirm</button>
 <button id="prompt" onclick="document.getElementById('answer').textContent = String(prompt('Name?'))">prompt</button>
 <p id="answer"></p>
+<button id="clicks" ondblclick="this.dataset.dbl = 'yes'" oncontextmenu="this.dataset.menu = 'yes'; return false">clicks</button>
 <ul id="list"><li><span class="n">one</span> <a href="/a/1">1</a></li><li><span class="n">two</span> <a href="/a/2">2</a></li><li><span class="n">three</span> <a href="/a/3">3</a></li></ul>
 <a id="pop" href="/article" target="_blank">popup</a>
 <a id="dl" href="/download">download</a>
