@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"io/fs"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -411,9 +413,16 @@ func stepEventsDownloadsPopups(t *testing.T, e *env, s *story) {
 	if got := captureOf(t, rec, "text/csv"); string(got) != downloadBody {
 		t.Fatalf("download capture of navigate %q", got)
 	}
-	if n := eval[int](e, `chrome.downloads.search({}).then((l) => l.filter((d) => d.exists && d.state === 'complete').length)`); n != 0 {
-		t.Fatalf("%d downloads landed", n)
+	e.noDownloadsLanded()
+	// One too large for a frame is cancelled, and says why.
+	_, rec = okRec[navDownload](e, h, "navigate", map[string]any{"url": base + "/bigdownload"},
+		cheetah.WithOptions(map[string]any{"events": []string{"download"}}))
+	ev = messages(rec, cheetah.KindEvent, "download")
+	if len(ev) != 1 || eventData(t, ev[0])["state"] != "cancelled" || !strings.Contains(fmt.Sprint(eventData(t, ev[0])["reason"]), "max_message_bytes") ||
+		len(messages(rec, cheetah.KindCapture, "")) != 0 {
+		t.Fatalf("a download too large: %+v", rec.Messages)
 	}
+	e.noDownloadsLanded()
 	ok[loaded](e, h, "navigate", map[string]any{"url": base + "/article"}) // where the later steps expect the tab
 	// A target=_blank tab belongs to the lease: reported, driven, closed
 	// when the lease ends.
@@ -453,4 +462,23 @@ func stepEventsDownloadsPopups(t *testing.T, e *env, s *story) {
 	eventually(t, 10*time.Second, "the popup to close with the lease", func() bool {
 		return eval[bool](e, fmt.Sprintf(`chrome.tabs.get(%s).then(() => false, () => true)`, child))
 	})
+}
+
+// noDownloadsLanded checks that the browser saved no file: nothing under
+// its $HOME (where Downloads is) and nothing in its download list.
+func (e *env) noDownloadsLanded() {
+	e.t.Helper()
+	var files []string
+	filepath.WalkDir(e.home, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.Contains(p, "Download") {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if len(files) > 0 {
+		e.t.Fatalf("downloads landed: %v", files)
+	}
+	if n := eval[int](e, `chrome.downloads.search({}).then((l) => l.length)`); n != 0 {
+		e.t.Fatalf("%d downloads are listed", n)
+	}
 }

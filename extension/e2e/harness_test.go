@@ -88,6 +88,7 @@ type env struct {
 	browser   context.Context // the chromedp browser (its first tab is a person's)
 	extID     string
 	ext       context.Context // an extension page (the options page), for chrome.* calls
+	home      string          // the browser's $HOME: a download that lands goes to its Downloads
 }
 
 func newEnv(t *testing.T) *env {
@@ -251,6 +252,12 @@ func (e *env) startPages() {
 		w.Header().Set("Content-Disposition", `attachment; filename="report.csv"`)
 		io.WriteString(w, downloadBody)
 	})
+	// /bigdownload is an attachment larger than a frame of the broker.
+	mux.HandleFunc("/bigdownload", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="big.bin"`)
+		w.Write(make([]byte, 5<<20))
+	})
 	// /never answers nothing until the browser gives up or the test ends.
 	mux.HandleFunc("/never", func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -285,6 +292,7 @@ func (e *env) unpackExtension() string {
 func (e *env) startBrowser(chromium, ext string) {
 	t := e.t
 	profile := t.TempDir() // removed after the browser is gone (cleanups run last-in first-out)
+	e.home = t.TempDir()
 	lw := &logWriter{t: t, prefix: "chromium: "}
 	t.Cleanup(lw.stop)
 	// chromedp's default options disable extensions, so the flags are our own.
@@ -305,6 +313,7 @@ func (e *env) startBrowser(chromium, ext string) {
 		chromedp.Flag("disable-features", "DisableLoadExtensionCommandLineSwitch,Translate"),
 		chromedp.Flag("window-size", "1280,800"),
 		chromedp.CombinedOutput(lw),
+		chromedp.Env("HOME="+e.home, "XDG_DOWNLOAD_DIR="+filepath.Join(e.home, "Downloads")),
 	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
