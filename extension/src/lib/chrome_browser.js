@@ -215,6 +215,9 @@ export class ChromeBrowser {
         onPhase(name);
       };
       const onEvent = ({ kind, d }) => {
+        // A late event of the document before this navigation (a stopped
+        // page completing) says nothing of this one.
+        if (!s.started && (kind === 'committed' || kind === 'domcontentloaded' || kind === 'load')) return;
         switch (kind) {
           case 'request':
             if (idleTimer !== null) {
