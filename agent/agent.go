@@ -62,7 +62,7 @@ type Config struct {
 	// Effects declares, in hello, what each command does: EffectObserve
 	// for a command that only reads, EffectMutate for one that changes
 	// something (EchoEffect and ExecEffect for the built-in handlers).
-	Effects map[string]protocol.Effect
+	Effects map[string]string
 	// Flows is how many console flows the agent offers, reported as the
 	// contexts "flow-1" to "flow-N" with tab_id "1" to "N". Default 1.
 	Flows int

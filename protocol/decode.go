@@ -226,12 +226,7 @@ func decodeHello(r *fields) *Hello {
 	if c := r.object("capacity"); c != nil {
 		h.Capacity = &Capacity{MaxContexts: int(c.int("max_contexts", false, strconv.IntSize))}
 	}
-	if m := r.labels("effects"); m != nil {
-		h.Effects = make(map[string]Effect, len(m))
-		for k, v := range m {
-			h.Effects[k] = Effect(v)
-		}
-	}
+	h.Effects = r.labels("effects")
 	return h
 }
 

@@ -232,13 +232,7 @@ func (f *Hello) encode(w *writer) {
 		w.int("max_contexts", int64(f.Capacity.MaxContexts))
 		w.end()
 	}
-	if f.Effects != nil {
-		m := make(map[string]string, len(f.Effects))
-		for k, v := range f.Effects {
-			m[k] = string(v)
-		}
-		w.labels("effects", m)
-	}
+	w.labels("effects", f.Effects)
 }
 
 func (f *State) encode(w *writer) {

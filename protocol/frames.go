@@ -82,17 +82,15 @@ const (
 // Valid reports whether o is an owner of protocol v1.
 func (o Owner) Valid() bool { return o == OwnerWorker || o == OwnerHuman }
 
-// Effect is what a command does to its context, declared in hello.effects.
-type Effect string
-
-// The effects a command may declare.
+// The effects a command may declare in hello.effects: what it does to its
+// context.
 const (
-	EffectObserve Effect = "observe" // reads the context and changes nothing
-	EffectMutate  Effect = "mutate"  // changes the context or the world
+	EffectObserve = "observe" // reads the context and changes nothing
+	EffectMutate  = "mutate"  // changes the context or the world
 )
 
-// Valid reports whether e is a known effect.
-func (e Effect) Valid() bool { return e == EffectObserve || e == EffectMutate }
+// ValidEffect reports whether e is a known effect.
+func ValidEffect(e string) bool { return e == EffectObserve || e == EffectMutate }
 
 // Bounds of hello.effects: command names are bounded as the broker bounds
 // a command's name.
@@ -180,7 +178,7 @@ type Hello struct {
 	// Effects says, for each command the client offers, whether it only
 	// reads (EffectObserve) or changes something (EffectMutate). A
 	// command missing from it has no declared effect.
-	Effects map[string]Effect `json:"effects,omitempty"`
+	Effects map[string]string `json:"effects,omitempty"`
 }
 
 // ContextReport describes one context in a state frame.

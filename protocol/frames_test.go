@@ -31,7 +31,7 @@ var frameCases = []frameCase{
 			Protocol: 1, Token: "ck_secret", ClientID: "ext-7f3a", ClientType: ClientBrowser,
 			Name: "Chromium on build-7", Version: "0.3.0",
 			Labels: map[string]string{"region": "eu"}, Capacity: &Capacity{MaxContexts: 8},
-			Effects: map[string]Effect{"navigate": EffectMutate, "extract": EffectObserve},
+			Effects: map[string]string{"navigate": EffectMutate, "extract": EffectObserve},
 		},
 		required: []string{"protocol", "token", "client_id", "client_type"},
 		mistyped: map[string]any{

@@ -123,7 +123,7 @@ func (c *checker) labels(field string, m map[string]string) {
 
 // effects checks hello.effects: command names as the broker bounds them,
 // each mapped to a known effect.
-func (c *checker) effects(field string, m map[string]Effect) {
+func (c *checker) effects(field string, m map[string]string) {
 	if len(m) > MaxEffects {
 		c.fail(field, "has %d commands, more than %d", len(m), MaxEffects)
 		return
@@ -136,7 +136,7 @@ func (c *checker) effects(field string, m map[string]Effect) {
 			c.fail(field, "must not contain NUL (\\u0000)")
 		case len(k) > MaxCommandNameLen:
 			c.fail(field, "has a command name longer than %d bytes", MaxCommandNameLen)
-		case !v.Valid():
+		case !ValidEffect(v):
 			c.fail(field, "must map each command to %q or %q, not %q at %q", EffectObserve, EffectMutate, v, k)
 		}
 	}

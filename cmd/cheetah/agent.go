@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cheetahbroker/cheetah/agent"
-	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
@@ -80,7 +79,7 @@ func (c *agentCmd) Run() error {
 	a := agent.New(agent.Config{
 		URL: c.URL, TLSConfig: tc, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
 		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
-		Effects: map[string]protocol.Effect{"echo": agent.EchoEffect, "exec": agent.ExecEffect},
+		Effects: map[string]string{"echo": agent.EchoEffect, "exec": agent.ExecEffect},
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))
