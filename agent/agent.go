@@ -59,6 +59,10 @@ type Config struct {
 	Name, Version string
 	// Labels are matched by acquire requests that ask for them.
 	Labels map[string]string
+	// Effects declares, in hello, what each command does: EffectObserve
+	// for a command that only reads, EffectMutate for one that changes
+	// something (EchoEffect and ExecEffect for the built-in handlers).
+	Effects map[string]string
 	// Flows is how many console flows the agent offers, reported as the
 	// contexts "flow-1" to "flow-N" with tab_id "1" to "N". Default 1.
 	Flows int
@@ -125,6 +129,7 @@ func New(cfg Config) *Agent {
 	// The agent reads the labels on every reconnect, so it keeps its own copy
 	// rather than racing with a caller that reuses the map.
 	cfg.Labels = maps.Clone(cfg.Labels)
+	cfg.Effects = maps.Clone(cfg.Effects)
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -306,6 +311,7 @@ func (a *Agent) hello() *protocol.Hello {
 		Version:    a.cfg.Version,
 		Labels:     a.cfg.Labels,
 		Capacity:   &protocol.Capacity{MaxContexts: len(a.order)},
+		Effects:    a.cfg.Effects,
 	}
 }
 

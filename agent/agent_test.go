@@ -31,6 +31,7 @@ func TestHelloStateAndSession(t *testing.T) {
 	cfg := testConfig(b)
 	cfg.Flows = 2
 	cfg.Labels = map[string]string{"region": "eu"}
+	cfg.Effects = map[string]string{"echo": agent.EchoEffect, "exec": agent.ExecEffect}
 	a := agent.New(cfg)
 	r := start(t, a)
 
@@ -39,6 +40,7 @@ func TestHelloStateAndSession(t *testing.T) {
 		Protocol: 1, Token: testToken, ClientID: "console-1", ClientType: protocol.ClientConsole,
 		Name: "test agent", Version: "0.0.1", Labels: map[string]string{"region": "eu"},
 		Capacity: &protocol.Capacity{MaxContexts: 2},
+		Effects:  map[string]string{"echo": protocol.EffectObserve, "exec": protocol.EffectMutate},
 	}, bc.hello)
 	require.Equal(t, []protocol.ContextReport{
 		{ContextID: "flow-1", TabID: "1", Owner: protocol.OwnerWorker},

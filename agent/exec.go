@@ -28,6 +28,14 @@ const chunkSize = 32 << 10
 // that inherited the pipes would otherwise hold the command open.
 const waitDelay = 2 * time.Second
 
+// The effects of the built-in handlers, for Config.Effects: echo reads
+// nothing and changes nothing; exec runs a program, which may change
+// anything.
+const (
+	EchoEffect = protocol.EffectObserve
+	ExecEffect = protocol.EffectMutate
+)
+
 // Echo returns a handler whose result is the command's params, byte for
 // byte. It is handy for checking that a client is reachable.
 func Echo() Handler {

@@ -226,6 +226,7 @@ func decodeHello(r *fields) *Hello {
 	if c := r.object("capacity"); c != nil {
 		h.Capacity = &Capacity{MaxContexts: int(c.int("max_contexts", false, strconv.IntSize))}
 	}
+	h.Effects = r.labels("effects")
 	return h
 }
 

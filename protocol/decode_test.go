@@ -127,6 +127,10 @@ func TestDecodeInvalidValues(t *testing.T) {
 	for i := range MaxLabels + 1 {
 		tooMany[fmt.Sprint("k", i)] = "v"
 	}
+	tooManyEffects := map[string]string{}
+	for i := range MaxEffects + 1 {
+		tooManyEffects[fmt.Sprint("c", i)] = "observe"
+	}
 	tests := []struct {
 		name  string
 		frame []byte
@@ -154,6 +158,16 @@ func TestDecodeInvalidValues(t *testing.T) {
 		{"label key at limit", withField(t, hello, "labels", map[string]string{long(64): long(256)}, false), "", ""},
 		{"label value too long", withField(t, hello, "labels", map[string]string{"k": long(257)}, false), "labels",
 			`has a value longer than 256 characters at key "k"`},
+		{"effects not strings", withField(t, hello, "effects", map[string]any{"navigate": true}, false), "effects",
+			"must be an object of strings"},
+		{"effect unknown", withField(t, hello, "effects", map[string]string{"navigate": "write"}, false), "effects",
+			`must map each command to "observe" or "mutate", not "write" at "navigate"`},
+		{"effect empty name", withField(t, hello, "effects", map[string]string{"": "observe"}, false), "effects",
+			"has an empty command name"},
+		{"effect name too long", withField(t, hello, "effects", map[string]string{strings.Repeat("n", 129): "observe"}, false),
+			"effects", "has a command name longer than 128 bytes"},
+		{"effect name at limit", withField(t, hello, "effects", map[string]string{strings.Repeat("n", 128): "mutate"}, false), "", ""},
+		{"too many effects", withField(t, hello, "effects", tooManyEffects, false), "effects", "has 257 commands, more than 256"},
 		{"epoch string", withField(t, command, "epoch", "17", false), "epoch", "must be a number"},
 		{"epoch fraction", []byte(strings.Replace(command, `"epoch":17`, `"epoch":17.5`, 1)), "epoch", "must be an integer"},
 		{"epoch exponent", []byte(strings.Replace(command, `"epoch":17`, `"epoch":1e3`, 1)), "epoch", "must be an integer"},

@@ -232,6 +232,7 @@ func (f *Hello) encode(w *writer) {
 		w.int("max_contexts", int64(f.Capacity.MaxContexts))
 		w.end()
 	}
+	w.labels("effects", f.Effects)
 }
 
 func (f *State) encode(w *writer) {

@@ -82,6 +82,23 @@ const (
 // Valid reports whether o is an owner of protocol v1.
 func (o Owner) Valid() bool { return o == OwnerWorker || o == OwnerHuman }
 
+// The effects a command may declare in hello.effects: what it does to its
+// context.
+const (
+	EffectObserve = "observe" // reads the context and changes nothing
+	EffectMutate  = "mutate"  // changes the context or the world
+)
+
+// ValidEffect reports whether e is a known effect.
+func ValidEffect(e string) bool { return e == EffectObserve || e == EffectMutate }
+
+// Bounds of hello.effects: command names are bounded as the broker bounds
+// a command's name.
+const (
+	MaxEffects        = 256
+	MaxCommandNameLen = 128
+)
+
 // ResponseMode says what the client owes the broker once a command ends.
 type ResponseMode string
 
@@ -158,6 +175,10 @@ type Hello struct {
 	Version    string            `json:"version,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
 	Capacity   *Capacity         `json:"capacity,omitempty"`
+	// Effects says, for each command the client offers, whether it only
+	// reads (EffectObserve) or changes something (EffectMutate). A
+	// command missing from it has no declared effect.
+	Effects map[string]string `json:"effects,omitempty"`
 }
 
 // ContextReport describes one context in a state frame.

@@ -25,16 +25,18 @@ var frameCases = []frameCase{
 		name: "hello",
 		json: `{"type":"hello","protocol":1,"token":"ck_secret","client_id":"ext-7f3a",
 			"client_type":"browser","name":"Chromium on build-7","version":"0.3.0",
-			"labels":{"region":"eu"},"capacity":{"max_contexts":8}}`,
+			"labels":{"region":"eu"},"capacity":{"max_contexts":8},
+			"effects":{"navigate":"mutate","extract":"observe"}}`,
 		want: &Hello{
 			Protocol: 1, Token: "ck_secret", ClientID: "ext-7f3a", ClientType: ClientBrowser,
 			Name: "Chromium on build-7", Version: "0.3.0",
 			Labels: map[string]string{"region": "eu"}, Capacity: &Capacity{MaxContexts: 8},
+			Effects: map[string]string{"navigate": EffectMutate, "extract": EffectObserve},
 		},
 		required: []string{"protocol", "token", "client_id", "client_type"},
 		mistyped: map[string]any{
 			"protocol": "1", "token": 1, "client_id": true, "client_type": []int{},
-			"name": 1, "version": 1, "labels": "eu", "capacity": 8,
+			"name": 1, "version": 1, "labels": "eu", "capacity": 8, "effects": []string{"navigate"},
 		},
 	},
 	{

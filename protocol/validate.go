@@ -121,6 +121,27 @@ func (c *checker) labels(field string, m map[string]string) {
 	}
 }
 
+// effects checks hello.effects: command names as the broker bounds them,
+// each mapped to a known effect.
+func (c *checker) effects(field string, m map[string]string) {
+	if len(m) > MaxEffects {
+		c.fail(field, "has %d commands, more than %d", len(m), MaxEffects)
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch v := m[k]; {
+		case k == "":
+			c.fail(field, "has an empty command name")
+		case !NoNUL(k):
+			c.fail(field, "must not contain NUL (\\u0000)")
+		case len(k) > MaxCommandNameLen:
+			c.fail(field, "has a command name longer than %d bytes", MaxCommandNameLen)
+		case !ValidEffect(v):
+			c.fail(field, "must map each command to %q or %q, not %q at %q", EffectObserve, EffectMutate, v, k)
+		}
+	}
+}
+
 // json checks opaque data, which may be any JSON value. Decode has already
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
@@ -175,6 +196,7 @@ func (f *Hello) validate(decoded bool) error {
 	if f.Capacity != nil {
 		c.nonNegative("capacity.max_contexts", int64(f.Capacity.MaxContexts))
 	}
+	c.effects("effects", f.Effects)
 	return c.result()
 }
 

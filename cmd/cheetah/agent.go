@@ -79,6 +79,7 @@ func (c *agentCmd) Run() error {
 	a := agent.New(agent.Config{
 		URL: c.URL, TLSConfig: tc, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
 		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
+		Effects: map[string]string{"echo": agent.EchoEffect, "exec": agent.ExecEffect},
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))

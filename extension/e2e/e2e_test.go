@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +43,12 @@ func TestExtension(t *testing.T) {
 		{"screenshot is a PNG in history", stepScreenshot},
 		{"popup shows the lease", stepPopup},
 		{"bad input gets error codes", stepBadInput},
+		{"navigation: status, redirects, partial loads, history", stepNavigation},
+		{"interaction: upload, select, check, press, hover, scroll, dialogs", stepInteraction},
+		{"reading: all, attributes, parser, iframe, evaluate", stepReading},
+		{"captures: full page, element, jpeg, pdf, options.capture", stepCaptures},
+		{"state: cookies and storage", stepState},
+		{"events, downloads and popups", stepEventsDownloadsPopups},
 		{"service worker restart keeps the lease", stepWorkerRestart},
 		{"release clears the mark", stepRelease},
 		{"a dropped connection comes back by itself", stepBrokerDrop},
@@ -72,6 +77,34 @@ type story struct {
 const taskID = "e2e-task"
 
 func stepConnect(t *testing.T, e *env, _ *story) {
+	// The options page checks the broker URL before it saves it.
+	if msg := e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Not saved:") || !strings.Contains(msg, "nothing at /nope/ws/v1/client (HTTP 404)") {
+		t.Fatalf("a wrong path: the options page says %q", msg)
+	}
+	if stored := eval[any](e, `chrome.storage.local.get('brokerUrl').then((c) => c.brokerUrl ?? null)`); stored != nil {
+		t.Fatalf("the wrong URL was saved: %v", stored)
+	}
+	dead := "http://127.0.0.1:1"
+	if msg := e.save(dead, "chk_nobody_0000", 2); !strings.Contains(msg, "nothing answers at 127.0.0.1:1") {
+		t.Fatalf("an unreachable broker: the options page says %q", msg)
+	}
+	// Saving it again keeps it, and the state says it never connected.
+	if msg := e.save(dead, "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Saved, though nothing answers") {
+		t.Fatalf("the second save of an unreachable broker: %q", msg)
+	}
+	eventually(t, 10*time.Second, "the options page to say it could not connect", func() bool {
+		_, detail := e.optionsState()
+		return strings.HasPrefix(detail, "could not connect to ws://127.0.0.1:1/ws/v1/client: nothing answers at 127.0.0.1:1")
+	})
+	// A wrong path kept anyway: the state says so too, not "lost".
+	e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2)
+	if msg := e.save(e.brokerURL+"/nope", "chk_nobody_0000", 2); !strings.HasPrefix(msg, "Saved, though") {
+		t.Fatalf("the second save of a wrong path: %q", msg)
+	}
+	eventually(t, 10*time.Second, "the state to name the wrong path", func() bool {
+		_, detail := e.optionsState()
+		return strings.Contains(detail, "could not connect to ws://"+strings.TrimPrefix(e.brokerURL, "http://")+"/nope/ws/v1/client: "+strings.TrimPrefix(e.brokerURL, "http://")+" answered, but has nothing at /nope/ws/v1/client (HTTP 404)")
+	})
 	// A wrong key: the broker closes with 4401 and the extension stops
 	// trying, and says why.
 	e.configure("chk_nobody_0000", 2)
@@ -239,12 +272,13 @@ type where struct {
 }
 
 type extracted struct {
-	URL       string `json:"url"`
-	Title     string `json:"title"`
-	Format    string `json:"format"`
-	Content   string `json:"content"`
-	Bytes     int    `json:"bytes"`
-	Truncated bool   `json:"truncated"`
+	URL       string   `json:"url"`
+	Title     string   `json:"title"`
+	Text      string   `json:"text"`
+	HTML      string   `json:"html"`
+	Values    []string `json:"values"`
+	Bytes     int      `json:"bytes"`
+	Truncated bool     `json:"truncated"`
 }
 
 func stepNavigate(t *testing.T, e *env, s *story) {
@@ -272,21 +306,21 @@ func stepNavigate(t *testing.T, e *env, s *story) {
 
 func stepExtract(t *testing.T, e *env, s *story) {
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#intro"})
-	if got.Content != "Hello from the form page" || got.Format != "text" || got.Truncated || got.Title != "Form" {
+	if got.Text != "Hello from the form page" || got.Truncated || got.Title != "Form" {
 		t.Fatalf("extract text: %+v", got)
 	}
 	page := ok[extracted](e, s.h, "extract", map[string]any{"format": "html"})
-	if !strings.HasPrefix(page.Content, "<!DOCTYPE html>") || !strings.Contains(page.Content, `<h1 id="intro">`) {
-		t.Fatalf("extract html: %.200s", page.Content)
+	if !strings.HasPrefix(page.HTML, "<!DOCTYPE html>") || !strings.Contains(page.HTML, `<h1 id="intro">`) {
+		t.Fatalf("extract html: %.200s", page.HTML)
 	}
 	ok[where](e, s.h, "navigate", map[string]any{"url": e.pages.URL + "/article"})
 	cut := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#text", "max_bytes": 10})
-	if cut.Content != "Grüße au" || cut.Bytes != 10 || !cut.Truncated || !utf8.ValidString(cut.Content) {
+	if cut.Text != "Grüße au" || cut.Bytes != 10 || !cut.Truncated || !utf8.ValidString(cut.Text) {
 		t.Fatalf("extract max_bytes 10: %+v", cut)
 	}
 	// Cutting inside a multi-byte character keeps the whole characters only.
 	cut = ok[extracted](e, s.h, "extract", map[string]any{"selector": "#text", "max_bytes": 3})
-	if cut.Content != "Gr" || cut.Bytes != 2 || !cut.Truncated {
+	if cut.Text != "Gr" || cut.Bytes != 2 || !cut.Truncated {
 		t.Fatalf("extract max_bytes 3: %+v", cut)
 	}
 }
@@ -303,18 +337,15 @@ func stepForm(t *testing.T, e *env, s *story) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the form was not submitted")
 	}
-	done := ok[where](e, s.h, "wait_for", map[string]any{"selector": "#done", "timeout_ms": 10000})
-	if !strings.Contains(done.URL, "/submitted?name=Ada+Lovelace") {
-		t.Fatalf("wait_for ended on %+v", done)
-	}
+	ok[map[string]any](e, s.h, "wait_for", map[string]any{"selector": "#done", "timeout_ms": 10000})
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#done"})
-	if got.Content != "Submitted: Ada Lovelace" {
-		t.Fatalf("after submit: %q", got.Content)
+	if got.Text != "Submitted: Ada Lovelace" || !strings.Contains(got.URL, "/submitted?name=Ada+Lovelace") {
+		t.Fatalf("after submit: %+v", got)
 	}
 	// type with submit: true submits the field's form.
 	ok[where](e, s.h, "navigate", map[string]any{"url": e.pages.URL + "/form"})
 	ok[map[string]any](e, s.h, "type", map[string]any{"selector": "#name", "text": "Grace", "submit": true})
-	ok[where](e, s.h, "wait_for", map[string]any{"selector": "#done", "visible": true})
+	ok[map[string]any](e, s.h, "wait_for", map[string]any{"selector": "#done", "state": "visible"})
 	// wait_for saw the answer page, so the server has had the request.
 	select {
 	case name := <-e.submitted:
@@ -339,8 +370,8 @@ func stepOrder(t *testing.T, e *env, s *story) {
 		}
 	}
 	got := ok[extracted](e, s.h, "extract", map[string]any{"selector": "#greeting"})
-	if got.Content != "Hello, Hopper" {
-		t.Fatalf("greeting %q, want the commands run in order", got.Content)
+	if got.Text != "Hello, Hopper" {
+		t.Fatalf("greeting %q, want the commands run in order", got.Text)
 	}
 }
 
@@ -366,14 +397,7 @@ func stepScreenshot(t *testing.T, e *env, s *story) {
 	if capture.Seq > rec.Messages[len(rec.Messages)-1].Seq || rec.Messages[len(rec.Messages)-1].Kind != cheetah.KindResult {
 		t.Errorf("the capture does not come before the result: %+v", rec.Messages)
 	}
-	var b64 string
-	if err := json.Unmarshal(capture.Data, &b64); err != nil {
-		t.Fatalf("capture data: %v", err)
-	}
-	raw, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := captureOf(t, rec, "image/png")
 	img, err := png.Decode(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatalf("the capture is not a PNG: %v", err)
@@ -459,8 +483,10 @@ func stepBadInput(t *testing.T, e *env, s *story) {
 	if got.Title != "Article" {
 		t.Fatalf("after the timeouts: %+v", got)
 	}
-	// options and traceparent are accepted and ignored.
+	// Options the extension does not act on are left alone; malformed
+	// ones it acts on are invalid_params.
 	ok[extracted](e, h, "extract", map[string]any{"selector": "#text"}, cheetah.WithOptions(map[string]any{"anything": true}))
+	e.fails(h, "invalid_params", "extract", map[string]any{"selector": "#text"}, cheetah.WithOptions(map[string]any{"events": []string{"keys"}}))
 }
 
 func stepWorkerRestart(t *testing.T, e *env, s *story) {
@@ -499,7 +525,7 @@ func stepWorkerRestart(t *testing.T, e *env, s *story) {
 		json.Unmarshal(data, &got)
 		return true
 	})
-	if !strings.HasPrefix(got.Content, "Grüße aus Köln") {
+	if !strings.HasPrefix(got.Text, "Grüße aus Köln") {
 		t.Fatalf("extract after the restart: %+v", got)
 	}
 	// The command re-marked the tab for its task.

@@ -88,6 +88,7 @@ type env struct {
 	browser   context.Context // the chromedp browser (its first tab is a person's)
 	extID     string
 	ext       context.Context // an extension page (the options page), for chrome.* calls
+	home      string          // the browser's $HOME: a download that lands goes to its Downloads
 }
 
 func newEnv(t *testing.T) *env {
@@ -163,6 +164,44 @@ const articlePage = `<!doctype html>
 <html><head><meta charset="utf-8"><title>Article</title></head>
 <body><article id="text">Grüße aus Köln — 🐆 fast cats</article></body></html>`
 
+// downloadBody is what /download serves as an attachment.
+const downloadBody = "name,count\nada,1\ngrace,2\n"
+
+// kitchenPage has one of everything the catalogue drives: a file input, a
+// multiple select, a checkbox, a key log, a hover target, dialogs, a list
+// for the parser, a target=_blank link, a download link, a same-origin
+// iframe, and a page taller than the viewport.
+const kitchenPage = `<!doctype html>
+<html><head><meta charset="utf-8"><title>Kitchen</title>
+<style>body{margin:8px;font:16px sans-serif}.tall{height:3000px;background:linear-gradient(#fff,#09c)}</style></head>
+<body>
+<input id="file" type="file" multiple><p id="files"></p>
+<select id="sel" multiple><option value="a">Apple</option><option value="b">Banana</option><option value="c">Cherry</option></select>
+<input id="agree" type="checkbox">
+<input id="keys" value="hello"><p id="keylog"></p>
+<div id="hov">hover me</div>
+<button id="confirm" onclick="document.getElementById('answer').textContent = String(confirm('Sure?'))">confirm</button>
+<button id="prompt" onclick="document.getElementById('answer').textContent = String(prompt('Name?'))">prompt</button>
+<p id="answer"></p>
+<button id="clicks" ondblclick="this.dataset.dbl = 'yes'" oncontextmenu="this.dataset.menu = 'yes'; return false">clicks</button>
+<ul id="list"><li><span class="n">one</span> <a href="/a/1">1</a></li><li><span class="n">two</span> <a href="/a/2">2</a></li><li><span class="n">three</span> <a href="/a/3">3</a></li></ul>
+<a id="pop" href="/article" target="_blank">popup</a>
+<a id="dl" href="/download">download</a>
+<a id="next" href="/article">next</a>
+<iframe id="f" src="/article" width="400" height="100"></iframe>
+<div class="tall"></div>
+<script>
+document.getElementById('file').addEventListener('change', function (e) {
+  document.getElementById('files').textContent = [].map.call(e.target.files, function (f) { return f.name + ':' + f.size; }).join(',');
+});
+document.getElementById('keys').addEventListener('keydown', function (e) {
+  document.getElementById('keylog').textContent += e.key + (e.ctrlKey ? '^' : '') + ' ';
+});
+document.getElementById('hov').addEventListener('mouseover', function () { document.getElementById('hov').dataset.hovered = 'yes'; });
+console.log('kitchen ready');
+</script>
+</body></html>`
+
 func (e *env) startPages() {
 	t := e.t
 	stop := make(chan struct{})
@@ -188,6 +227,36 @@ func (e *env) startPages() {
 	mux.HandleFunc("/person", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		io.WriteString(w, `<!doctype html><html><head><title>A person's own tab</title></head><body><p id="mine">mine</p></body></html>`)
+	})
+	mux.HandleFunc("/kitchen", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, kitchenPage)
+	})
+	// /slowimg is a page whose one image never loads: its load event never
+	// comes.
+	mux.HandleFunc("/slowimg", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, `<!doctype html><html><head><title>Slow image</title></head><body><p id="here">the text is here</p><img src="/never"></body></html>`)
+	})
+	mux.HandleFunc("/missing", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `<!doctype html><html><head><title>Not here</title></head><body>404</body></html>`)
+	})
+	mux.HandleFunc("/hop1", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/hop2", http.StatusFound) })
+	mux.HandleFunc("/hop2", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/article", http.StatusMovedPermanently)
+	})
+	mux.HandleFunc("/download", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/csv")
+		w.Header().Set("Content-Disposition", `attachment; filename="report.csv"`)
+		io.WriteString(w, downloadBody)
+	})
+	// /bigdownload is an attachment larger than a frame of the broker.
+	mux.HandleFunc("/bigdownload", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="big.bin"`)
+		w.Write(make([]byte, 5<<20))
 	})
 	// /never answers nothing until the browser gives up or the test ends.
 	mux.HandleFunc("/never", func(w http.ResponseWriter, r *http.Request) {
@@ -223,6 +292,7 @@ func (e *env) unpackExtension() string {
 func (e *env) startBrowser(chromium, ext string) {
 	t := e.t
 	profile := t.TempDir() // removed after the browser is gone (cleanups run last-in first-out)
+	e.home = t.TempDir()
 	lw := &logWriter{t: t, prefix: "chromium: "}
 	t.Cleanup(lw.stop)
 	// chromedp's default options disable extensions, so the flags are our own.
@@ -243,6 +313,7 @@ func (e *env) startBrowser(chromium, ext string) {
 		chromedp.Flag("disable-features", "DisableLoadExtensionCommandLineSwitch,Translate"),
 		chromedp.Flag("window-size", "1280,800"),
 		chromedp.CombinedOutput(lw),
+		chromedp.Env("HOME="+e.home, "XDG_DOWNLOAD_DIR="+filepath.Join(e.home, "Downloads")),
 	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
@@ -299,14 +370,24 @@ func (e *env) extURL(page string) string { return "chrome-extension://" + e.extI
 
 // configure fills the options page as a person would and saves it.
 func (e *env) configure(key string, poolSize int) {
+	e.t.Helper()
+	if msg := e.save(e.brokerURL, key, poolSize); msg != "Saved." {
+		e.t.Fatalf("the options page says %q, want Saved.", msg)
+	}
+}
+
+// save fills the options page, saves, and returns what the page says once
+// it has checked the broker.
+func (e *env) save(brokerURL, key string, poolSize int) string {
 	t := e.t
+	t.Helper()
 	if e.ext == nil {
 		e.ext = e.newTab(e.extURL("options.html"))
 	}
 	err := chromedp.Do(e.ext,
 		chromedp.WaitVisible(chromedp.ID("broker-url")),
 		chromedp.Evaluate[chromedp.Void](`document.getElementById('message').textContent = ''`),
-		chromedp.SetValue(chromedp.ID("broker-url"), e.brokerURL),
+		chromedp.SetValue(chromedp.ID("broker-url"), brokerURL),
 		chromedp.SetValue(chromedp.ID("client-key"), key),
 		chromedp.SetValue(chromedp.ID("pool-size"), fmt.Sprint(poolSize)),
 		chromedp.Click(chromedp.ID("save")),
@@ -314,10 +395,12 @@ func (e *env) configure(key string, poolSize int) {
 	if err != nil {
 		t.Fatalf("fill the options page: %v", err)
 	}
-	eventually(t, 10*time.Second, "the options page to say Saved", func() bool {
-		msg, err := chromedp.Run(e.ext, chromedp.Evaluate[string](`document.getElementById('message').textContent`))
-		return err == nil && msg == "Saved."
+	var msg string
+	eventually(t, 10*time.Second, "the options page to say what it did", func() bool {
+		msg, err = chromedp.Run(e.ext, chromedp.Evaluate[string](`document.getElementById('message').textContent`))
+		return err == nil && msg != "" && !strings.HasPrefix(msg, "Checking")
 	})
+	return msg
 }
 
 // optionsState is the connection state the options page shows.

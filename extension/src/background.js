@@ -10,10 +10,12 @@
 import { Backoff } from './lib/backoff.js';
 import { ChromeBrowser } from './lib/chrome_browser.js';
 import { Connection } from './lib/connection.js';
+import { EFFECTS } from './lib/commands.js';
 import { Executor, commandTab } from './lib/executor.js';
 import { Marks } from './lib/marks.js';
 import { DEFAULT_POOL_SIZE, buildReport, checkPoolSize, planPool, reportKey } from './lib/pool.js';
 import { newClientId, normalizeBrokerURL, stateFrame } from './lib/protocol.js';
+import { diagnoseBroker } from './lib/probe.js';
 import { Mutex } from './lib/queue.js';
 
 const VERSION = chrome.runtime.getManifest().version;
@@ -25,13 +27,14 @@ const GROUP_COLOR = 'orange';
 const ACTION_TITLE = 'Cheetah';
 const MARK_TEXT = 'BOT';
 const MARK_COLOR = '#c0392b';
-const CONFIG_KEYS = ['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels'];
+const CONFIG_KEYS = ['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels', 'allowEvaluate'];
 
 const log = (...a) => console.info('[cheetah]', ...a);
 
 const st = {
   config: null, // storage.local settings
   workers: new Map(), // tabId → {id, url, title, status}
+  children: new Map(), // tabId of a tab a worker page opened → the worker's tabId
   windowId: null,
   groupId: null,
   marks: new Marks(),
@@ -41,7 +44,12 @@ const st = {
 };
 
 const poolLock = new Mutex();
-const browser = new ChromeBrowser({ log });
+const browser = new ChromeBrowser({
+  log,
+  tracked: (tabId) => st.workers.has(tabId) || st.children.has(tabId),
+  emit: (tabId, kind, data) => executor.emit(tabId, kind, data),
+  dialogPolicy: (tabId) => executor.dialogPolicy(tabId),
+});
 
 const conn = new Connection({
   WebSocket,
@@ -58,6 +66,7 @@ const conn = new Connection({
   onHalt: (h) => chrome.storage.session.set({ halted: h }),
   backoff: new Backoff({ minMs: 1000, maxMs: 60000 }),
   log,
+  diagnose: async (url) => (await diagnoseBroker(url, fetch)).message,
 });
 
 const executor = new Executor({
@@ -66,6 +75,14 @@ const executor = new Executor({
   isWorker: (tabId) => st.workers.has(tabId),
   maxMessageBytes: () => conn.maxMessageBytes,
   log,
+  parentOf: (tabId) => st.children.get(tabId) ?? null,
+  evaluateEnabled: () => st.config?.allowEvaluate === true,
+  // A leased tab comes to the front of the worker window on each command
+  // (the window itself is never focused), and its dialogs get answered.
+  onCommand: async (tabId) => {
+    await browser.front(tabId).catch(() => {});
+    await browser.ensureDialogs(tabId);
+  },
 });
 
 // Listeners are added synchronously, at the top level, so that the events
@@ -81,6 +98,8 @@ chrome.alarms.onAlarm.addListener(whenReady(onAlarm));
 chrome.tabs.onUpdated.addListener(whenReady(onTabUpdated));
 chrome.tabs.onRemoved.addListener(whenReady(onTabRemoved));
 chrome.tabs.onReplaced.addListener(whenReady(onTabReplaced));
+chrome.tabs.onCreated.addListener(whenReady(onTabCreated));
+chrome.webNavigation.onCreatedNavigationTarget.addListener(whenReady((d) => adoptChild(d.tabId, d.sourceTabId, d.url)));
 chrome.storage.onChanged.addListener(whenReady(onStorageChanged));
 chrome.runtime.onMessage.addListener((msg, _sender, sendResponse) => {
   ready.then(() => onMessage(msg)).then(sendResponse, (e) => sendResponse({ error: String(e?.message ?? e) }));
@@ -134,7 +153,7 @@ async function loadConfig() {
   }
   return {
     brokerUrl: c.brokerUrl ?? '', clientKey: c.clientKey ?? '', poolSize, clientId: c.clientId,
-    name: c.name ?? '', labels: c.labels ?? {},
+    name: c.name ?? '', labels: c.labels ?? {}, allowEvaluate: c.allowEvaluate === true,
   };
 }
 
@@ -145,7 +164,7 @@ function connectionConfig() {
   return {
     url: normalizeBrokerURL(c.brokerUrl), token: c.clientKey, clientId: c.clientId,
     name: c.name || 'Cheetah browser extension', version: VERSION, labels: c.labels,
-    maxContexts: c.poolSize,
+    maxContexts: c.poolSize, effects: EFFECTS,
   };
 }
 
@@ -301,6 +320,8 @@ function onFrame(f) {
       if (tabId !== null) {
         renderMark(tabId);
         publishStatus();
+        if (st.marks.get(tabId) !== null) browser.front(tabId).catch(() => {});
+        else endLease(tabId);
         // A pool that shrank while this tab was leased can close it now.
         if (st.marks.get(tabId) === null && st.workers.size > st.config.poolSize) ensurePool();
       }
@@ -373,8 +394,40 @@ function onTabUpdated(tabId, info, tab) {
   }
 }
 
+// ---- tabs a worker page opens (popups, target=_blank)
+
+function onTabCreated(tab) {
+  if (tab.openerTabId !== undefined) adoptChild(tab.id, tab.openerTabId, tab.pendingUrl ?? tab.url ?? '');
+}
+
+/**
+ * adoptChild makes a tab a worker's page opened part of that worker's lease:
+ * reported to the running command as a popup event, targetable with
+ * target.tab_id, closed when the lease ends. It is never a worker itself.
+ */
+function adoptChild(tabId, openerId, url) {
+  const parent = st.children.get(openerId) ?? (st.workers.has(openerId) ? openerId : null);
+  if (parent === null || st.children.has(tabId) || st.workers.has(tabId)) return;
+  st.children.set(tabId, parent);
+  executor.emit(parent, 'popup', { tab_id: String(tabId), url: url || null, opener_tab_id: String(openerId) });
+}
+
+/** endLease closes the tabs the worker's pages opened and lets the debugger go. */
+function endLease(tabId) {
+  for (const [child, parent] of [...st.children]) {
+    if (parent !== tabId) continue;
+    st.children.delete(child);
+    browser.forget(child);
+    chrome.tabs.remove(child).catch(() => {});
+  }
+  browser.forget(tabId);
+  executor.dialogs.delete(tabId);
+}
+
 function onTabRemoved(tabId) {
+  if (st.children.delete(tabId)) browser.forget(tabId);
   if (!st.workers.has(tabId)) return;
+  endLease(tabId);
   forgetWorker(tabId);
   saveSession();
   scheduleReport();

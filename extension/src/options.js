@@ -1,15 +1,18 @@
-// The options page: broker URL, client key, pool size, name and labels, kept
-// in chrome.storage.local. The service worker notices the change and
-// reconnects.
+// The options page: broker URL, client key, pool size, name, labels and the
+// evaluate opt-in, kept in chrome.storage.local. The broker URL is checked
+// by connecting before it is saved. The service worker notices the change
+// and reconnects.
 
 import { checkPoolSize } from './lib/pool.js';
 import { cleartextWarning, formatLabels, normalizeBrokerURL, parseLabels } from './lib/protocol.js';
+import { probeBroker } from './lib/probe.js';
 import { describeState } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
+let lastFailed = null; // the URL whose check failed on the last save
 
 function show(status) {
-  const d = describeState(status);
+  const d = describeState(status, Date.now(), { onOptions: true });
   $('state').textContent = d.label;
   $('state').className = `pill ${d.cls}`;
   $('detail').textContent = d.detail;
@@ -24,7 +27,8 @@ function say(text, ok) {
 
 async function load() {
   $('origin').textContent = location.origin;
-  const c = await chrome.storage.local.get(['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels']);
+  const c = await chrome.storage.local.get(['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels', 'allowEvaluate']);
+  $('allow-evaluate').checked = c.allowEvaluate === true;
   $('broker-url').value = c.brokerUrl ?? '';
   $('client-key').value = c.clientKey ?? '';
   $('pool-size').value = String(c.poolSize ?? 2);
@@ -48,8 +52,10 @@ $('form').addEventListener('submit', async (ev) => {
   let poolSize;
   let labels;
   let warning;
+  let wsUrl;
   try {
-    warning = cleartextWarning(normalizeBrokerURL(brokerUrl));
+    wsUrl = normalizeBrokerURL(brokerUrl);
+    warning = cleartextWarning(wsUrl);
     if (clientKey === '') throw new Error('paste a client key');
     poolSize = checkPoolSize($('pool-size').value);
     labels = parseLabels($('labels').value);
@@ -57,14 +63,26 @@ $('form').addEventListener('submit', async (ev) => {
     say(e.message, false);
     return;
   }
-  const next = { brokerUrl, clientKey, poolSize, name: $('name').value.trim(), labels };
+  // Connect before saving: a wrong path or a broker that is not there is
+  // said here, not discovered later. A second save of the same URL keeps
+  // it anyway (a broker that is down for now).
+  say('Checking the broker…', true);
+  const probe = await probeBroker(wsUrl, { WebSocket, fetch });
+  if (!probe.ok && lastFailed !== wsUrl) {
+    lastFailed = wsUrl;
+    say(`Not saved: ${probe.message}. Save again to keep this URL anyway.`, false);
+    return;
+  }
+  lastFailed = null;
+  const next = { brokerUrl, clientKey, poolSize, name: $('name').value.trim(), labels, allowEvaluate: $('allow-evaluate').checked };
   const prev = await chrome.storage.local.get(Object.keys(next));
   const same = Object.keys(next).every((k) => JSON.stringify(prev[k]) === JSON.stringify(next[k]));
   await chrome.storage.local.set(next);
   // A change reconnects by itself; saving the same settings again is a
   // request to try now (after a refused key was fixed on the broker, say).
   if (same) await chrome.runtime.sendMessage({ type: 'reconnect' }).catch(() => {});
-  if (warning) say(`Saved, but ${warning}`, false);
+  if (!probe.ok) say(`Saved, though ${probe.message}`, false);
+  else if (warning) say(`Saved, but ${warning}`, false);
   else say('Saved.', true);
 });
 

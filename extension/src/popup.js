@@ -2,7 +2,7 @@
 // It reads the status the service worker publishes in storage.session, and
 // messages the worker once so that a stopped worker starts (and connects).
 
-import { describeState, workerRows } from './lib/view.js';
+import { canReconnect, describeState, workerRows } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
 let status = null;
@@ -13,6 +13,7 @@ function render() {
   pill.textContent = d.label;
   pill.className = `pill ${d.cls}`;
   $('detail').textContent = d.detail;
+  $('reconnect').hidden = !canReconnect(status);
   $('broker').textContent = status?.url ?? '—';
   $('user').textContent = status?.user_id ?? '—';
   $('client').textContent = status?.client_id ?? '—';

@@ -258,3 +258,36 @@ test('a wss:// connection that never opens says the certificate may be why', asy
   ws.serverClose(1006);
   assert.doesNotMatch(opened.conn.status.detail, /certificate/);
 });
+
+test('a socket that never opened says it could not connect, not that it was lost', async () => {
+  const { conn } = setup();
+  await conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.equal(conn.status.state, 'waiting');
+  assert.match(conn.status.detail, /^could not connect to ws:\/\/127\.0\.0\.1:8420\/ws\/v1\/client: no broker answered there/);
+  assert.doesNotMatch(conn.status.detail, /lost/);
+  const { conn: c2 } = await connected();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  assert.match(c2.status.detail, /the connection was lost/);
+});
+
+test('a socket that never opened is diagnosed, while the attempt is still the current one', async () => {
+  let answer;
+  const { conn, events } = setup({ diagnose: () => new Promise((r) => { answer = r; }) });
+  await conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  const before = events.statuses.length;
+  answer('127.0.0.1:8420 answered, but has nothing at /ws/v1/client (HTTP 404): is the path right?');
+  await flush();
+  assert.equal(conn.status.state, 'waiting');
+  assert.equal(conn.status.detail, 'could not connect to ws://127.0.0.1:8420/ws/v1/client: 127.0.0.1:8420 answered, but has nothing at /ws/v1/client (HTTP 404): is the path right?');
+  assert.equal(events.statuses.length, before + 1);
+  // A diagnosis that comes after the next attempt started says nothing.
+  const s2 = setup({ diagnose: () => new Promise((r) => { answer = r; }) });
+  await s2.conn.connect();
+  FakeWebSocket.instances.at(-1).serverClose(1006);
+  await s2.conn.connect();
+  answer('late');
+  await flush();
+  assert.equal(s2.conn.status.state, 'connecting');
+});

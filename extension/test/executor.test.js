@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Executor, base64Bytes, commandTab, pngSize } from '../src/lib/executor.js';
+import { Executor, base64Bytes, commandTab, utf8Base64 } from '../src/lib/executor.js';
 import { CODES, CommandError } from '../src/lib/protocol.js';
 
 // A 1×1 PNG.
@@ -39,10 +39,47 @@ class FakeBrowser {
     if (this.gates.has(url)) await this.abortable(signal, this.gates.get(url).p);
     this.tabs.get(tabId).url = url;
     this.tabs.get(tabId).title = url.includes('refused') || url === 'about:blank' ? '' : `Title of ${url}`;
+    return { started: true, status: 200, redirects: [], partial: false };
   }
 
   async reload(tabId, { bypassCache }) {
     this.log.push(['reload', tabId, bypassCache]);
+    return { started: true, status: 200, redirects: [], partial: false };
+  }
+
+  async history(tabId, delta) {
+    this.log.push(['history', tabId, delta]);
+    return { started: true };
+  }
+
+  /** navigation runs the trigger; a click on #link "navigates". */
+  async navigation(tabId, trigger, opts) {
+    const value = await trigger();
+    this.log.push(['navigation', tabId, opts.waitUntil]);
+    return { started: this.navigates === true, value };
+  }
+
+  async press(tabId, key) {
+    this.log.push(['press', tabId, key]);
+  }
+
+  async mouseMove(tabId, x, y) {
+    this.log.push(['mouse', tabId, x, y]);
+  }
+
+  async evaluate(tabId, expression, args) {
+    this.log.push(['evaluate', tabId, expression, args]);
+    return args.length;
+  }
+
+  async pdf(tabId) {
+    this.log.push(['pdf', tabId]);
+    return 'JVBERi0=';
+  }
+
+  async fetchBytes(url) {
+    this.log.push(['fetch', url]);
+    return { mime: 'text/csv', bytes: 3, data: 'YSxi' };
   }
 
   async stopLoading(tabId) {
@@ -60,37 +97,41 @@ class FakeBrowser {
     if (tab.url.includes('refused')) throw new CommandError(CODES.NAVIGATION_FAILED, 'error page');
     if (tab.url === 'about:blank') throw new CommandError(CODES.NOT_SCRIPTABLE, 'cannot access about:blank');
     const here = { url: tab.url, title: tab.title };
-    const [selector] = args;
+    if (fn.name === 'pageInfo') return { ok: true, ...here };
+    const [op, a] = args;
+    const selector = a.selector;
     if (selector === '#hang') return new Promise(() => {}); // a script that never answers
+    if (selector === '###') return { ok: false, code: 'invalid_params', message: 'bad selector' };
     const find = () => (selector in this.elements ? this.elements[selector] : null);
-    switch (fn.name) {
-      case 'pageInfo':
-        return { ok: true, ...here };
-      case 'pageExtract': {
-        const [sel, , maxChars] = args;
-        const content = sel ? this.elements[sel] : 'whole page';
-        if (content === undefined) return { ok: false, code: 'no_such_element', message: `no element matches "${sel}"` };
-        return { ok: true, ...here, content: content.slice(0, maxChars), length: content.length };
+    const missing = { ok: false, code: 'no_such_element', message: `no element matches "${selector}"` };
+    switch (op) {
+      case 'extract': {
+        if (a.all) return { ok: true, ...here, values: Object.keys(this.elements) };
+        const content = selector ? this.elements[selector] : 'whole page';
+        if (content === undefined) return missing;
+        return { ok: true, ...here, content: content.slice(0, a.maxChars), length: content.length };
       }
-      case 'pageClick':
-      case 'pageType':
-        if (selector === '###') return { ok: false, code: 'invalid_params', message: 'bad selector' };
-        if (find() === null) return { ok: false, code: 'no_such_element', message: `no element matches "${selector}"` };
-        return { ok: true, ...here, tag: 'button' };
-      case 'pageQuery':
-        if (selector === '###') return { ok: false, code: 'invalid_params', message: 'bad selector' };
+      case 'click':
+      case 'type':
+      case 'hover':
+      case 'focus':
+        if (find() === null) return missing;
+        return { ok: true, ...here, tag: 'button', x: 10, y: 20 };
+      case 'query':
         if (this.queryMisses > 0) {
           this.queryMisses--;
-          return { ok: true, found: false };
+          return { ok: true, met: false };
         }
-        return find() === null ? { ok: true, found: false } : { ok: true, found: true, ...here };
+        return { ok: true, met: find() !== null };
+      case 'storage':
+        return { ok: true, items: { k: 'v' } };
     }
-    throw new Error(`no fake for ${fn.name}`);
+    throw new Error(`no fake for ${op}`);
   }
 
-  async capture(tabId) {
-    this.log.push(['capture', tabId]);
-    return this.png ?? PNG;
+  async capture(tabId, opts) {
+    this.log.push(['capture', tabId, opts.format]);
+    return { data: this.png ?? PNG, width: 1, height: 1 };
   }
 
   async closeTab(tabId) {
@@ -98,7 +139,7 @@ class FakeBrowser {
   }
 }
 
-function setup({ workers = [1, 2], maxMessageBytes = 4 * 1024 * 1024 } = {}) {
+function setup({ workers = [1, 2], maxMessageBytes = 4 * 1024 * 1024, evaluate = false } = {}) {
   const browser = new FakeBrowser();
   const sent = [];
   const ex = new Executor({
@@ -111,6 +152,8 @@ function setup({ workers = [1, 2], maxMessageBytes = 4 * 1024 * 1024 } = {}) {
     isWorker: (id) => workers.includes(id),
     maxMessageBytes: () => maxMessageBytes,
     pollMs: 1,
+    parentOf: (id) => (id === 7 ? 1 : null),
+    evaluateEnabled: () => evaluate,
   });
   let n = 0;
   const cmd = (name, params, more = {}) => ({
@@ -129,7 +172,9 @@ test('ack at once, then one result', async () => {
   assert.deepEqual(frames(c.command_id), [{ type: 'ack', command_id: c.command_id }]);
   await done;
   assert.deepEqual(frames(c.command_id).map((f) => f.type), ['ack', 'result']);
-  assert.deepEqual(frames(c.command_id)[1].data, { url: 'https://e.x/a', title: 'Title of https://e.x/a' });
+  assert.deepEqual(frames(c.command_id)[1].data, {
+    url: 'https://e.x/a', title: 'Title of https://e.x/a', status: 200, redirects: [], partial: false,
+  });
 });
 
 test('one command per tab at a time, in order; other tabs go on', async () => {
@@ -142,7 +187,7 @@ test('one command per tab at a time, in order; other tabs go on', async () => {
   const other = ex.handleCommand(cmd('click', { selector: '#intro' }, { context_id: 'tab-2' }));
   await other;
   assert.equal(ex.pending(1), 2);
-  assert.equal(browser.log.filter((l) => l[0] === 'pageExtract').length, 0, 'extract waited for navigate');
+  assert.equal(browser.log.filter((l) => l[1] === 'extract').length, 0, 'extract waited for navigate');
   gate.resolve();
   await Promise.all([slow, quick]);
   const order = sent.filter((f) => f.type !== 'ack' && f.command_id !== 'c3').map((f) => f.command_id);
@@ -206,7 +251,7 @@ test('a browser call that never answers still ends at the deadline', async () =>
   assert.equal(terminal(w.command_id).code, CODES.TIMEOUT);
   const next = cmd('extract', { selector: '#intro' });
   await ex.handleCommand(next);
-  assert.equal(terminal(next.command_id).data.content, 'Hello');
+  assert.equal(terminal(next.command_id).data.text, 'Hello');
 });
 
 test('an error page is navigation_failed; an unscriptable page is described from the tab', async () => {
@@ -218,7 +263,7 @@ test('an error page is navigation_failed; an unscriptable page is described from
   assert.equal(terminal(bad.command_id).code, CODES.NAVIGATION_FAILED);
   assert.match(terminal(bad.command_id).message, /127\.0\.0\.1:1/);
   assert.deepEqual(terminal(bad.command_id).data, { url: 'http://127.0.0.1:1/refused' });
-  assert.deepEqual(terminal(blank.command_id).data, { url: 'about:blank', title: '' });
+  assert.deepEqual(terminal(blank.command_id).data, { url: 'about:blank', title: '', status: 200, redirects: [], partial: false });
 });
 
 test('extract cuts to max_bytes and to the broker\'s frame limit', async () => {
@@ -229,7 +274,7 @@ test('extract cuts to max_bytes and to the broker\'s frame limit', async () => {
   const missing = cmd('extract', { selector: '#nope' });
   await Promise.all([small, huge, missing].map((c) => ex.handleCommand(c)));
   assert.deepEqual(
-    { content: terminal(small.command_id).data.content, bytes: terminal(small.command_id).data.bytes, truncated: terminal(small.command_id).data.truncated },
+    { content: terminal(small.command_id).data.text, bytes: terminal(small.command_id).data.bytes, truncated: terminal(small.command_id).data.truncated },
     { content: 'Grüße G', bytes: 9, truncated: true },
   );
   const h = terminal(huge.command_id);
@@ -263,7 +308,7 @@ test('wait_for polls until the element is there, or times out', async () => {
   const never = cmd('wait_for', { selector: '#nope', timeout_ms: 15 });
   const bad = cmd('wait_for', { selector: '###' });
   await Promise.all([found, never, bad].map((c) => ex.handleCommand(c)));
-  assert.equal(terminal(found.command_id).data.selector, '#intro');
+  assert.deepEqual(terminal(found.command_id).data, {});
   assert.equal(terminal(never.command_id).code, CODES.TIMEOUT);
   assert.equal(terminal(bad.command_id).code, CODES.INVALID_PARAMS);
 });
@@ -277,6 +322,9 @@ test('screenshot: a capture frame, then a result that describes it', async () =>
   assert.equal(f[1].mime, 'image/png');
   assert.equal(f[1].data, PNG);
   assert.deepEqual(f[2].data, { mime: 'image/png', bytes: base64Bytes(PNG), width: 1, height: 1 });
+  const j = cmd('screenshot', { format: 'jpeg', quality: 50 });
+  await ex.handleCommand(j);
+  assert.equal(frames(j.command_id)[1].mime, 'image/jpeg');
 });
 
 test('a screenshot too large for the broker fails instead of being cut', async () => {
@@ -307,7 +355,7 @@ test('cancel stops a queued or running command, which still answers', async () =
   assert.equal(terminal(running.command_id).code, CODES.CANCELLED);
   assert.equal(terminal(queued.command_id).code, CODES.CANCELLED);
   assert.match(terminal(queued.command_id).message, /caller cancelled/);
-  assert.equal(browser.log.filter((l) => l[0] === 'pageExtract').length, 0);
+  assert.equal(browser.log.filter((l) => l[1] === 'extract').length, 0);
   assert.equal(ex.handleCancel({ command_id: 'nobody' }), false);
 });
 
@@ -331,10 +379,106 @@ test('unexpected failures still answer, with command_failed', async () => {
   assert.match(terminal(c.command_id).message, /kaboom/);
 });
 
-test('png helpers', () => {
-  assert.deepEqual(pngSize(PNG), { width: 1, height: 1 });
-  assert.deepEqual(pngSize('bm90IGEgcG5n'), {});
+test('base64 helpers', () => {
+  assert.equal(utf8Base64('Grüße'), Buffer.from('Grüße').toString('base64'));
   assert.equal(base64Bytes('YWJj'), 3);
   assert.equal(base64Bytes('YWI='), 2);
   assert.equal(base64Bytes('YQ=='), 1);
+});
+
+test('evaluate is not_enabled until the person enables it', async () => {
+  const off = setup();
+  const c = off.cmd('evaluate', { expression: '() => 1' });
+  await off.ex.handleCommand(c);
+  assert.equal(off.terminal(c.command_id).code, CODES.NOT_ENABLED);
+  assert.equal(off.browser.log.filter((l) => l[0] === 'evaluate').length, 0);
+  const on = setup({ evaluate: true });
+  const d = on.cmd('evaluate', { expression: '(a, b) => a + b', args: [1, 2] });
+  await on.ex.handleCommand(d);
+  assert.deepEqual(on.terminal(d.command_id).data, { value: 2 });
+});
+
+test('options: malformed ones are invalid_params; capture sends the page after the command', async () => {
+  const { ex, cmd, frames, terminal } = setup();
+  await ex.handleCommand(cmd('navigate', { url: 'https://e.x/' }));
+  const bad = cmd('extract', {}, { options: { capture: { screenshot: 'yes' } } });
+  const badEvents = cmd('extract', {}, { options: { events: ['keyboard'] } });
+  const foreign = cmd('extract', {}, { options: { parser: 'left to others' } });
+  await Promise.all([bad, badEvents, foreign].map((c) => ex.handleCommand(c)));
+  assert.equal(terminal(bad.command_id).code, CODES.INVALID_PARAMS);
+  assert.equal(terminal(badEvents.command_id).code, CODES.INVALID_PARAMS);
+  assert.equal(terminal(foreign.command_id).type, 'result');
+  const c = cmd('extract', { selector: '#intro' }, { options: { capture: { screenshot: true, text: true } } });
+  await ex.handleCommand(c);
+  const f = frames(c.command_id);
+  assert.deepEqual(f.map((x) => [x.type, x.mime]), [['ack', undefined], ['capture', 'image/png'], ['capture', 'text/plain'], ['result', undefined]]);
+  assert.equal(Buffer.from(f[2].data, 'base64').toString(), 'whole page');
+});
+
+test('events reach the running command that asked for them; downloads come back as captures', async () => {
+  const { ex, cmd, frames, browser } = setup();
+  let release;
+  browser.gates.set('https://e.x/slow', { p: new Promise((r) => { release = r; }) });
+  const c = cmd('navigate', { url: 'https://e.x/slow' }, { options: { events: ['console'] } });
+  const p = ex.handleCommand(c);
+  await new Promise((r) => setImmediate(r));
+  ex.emit(1, 'console', { text: 'hi' });
+  ex.emit(1, 'network', { url: 'https://e.x/a.png' }); // not asked for
+  ex.emit(7, 'popup', { tab_id: '8' }); // a child of tab 1: always reported
+  ex.emit(1, 'download', { url: 'https://e.x/report.csv' });
+  release();
+  await p;
+  const f = frames(c.command_id).filter((x) => x.type !== 'progress');
+  assert.deepEqual(f.map((x) => [x.type, x.name ?? x.mime ?? '']), [
+    ['ack', ''], ['event', 'console'], ['event', 'popup'], ['capture', 'text/csv'], ['event', 'download'], ['result', ''],
+  ]);
+  assert.equal(f[4].data.state, 'captured');
+  ex.emit(1, 'console', { text: 'after' }); // nobody is running: dropped
+  assert.equal(frames(c.command_id).length, f.length);
+});
+
+test('a tab the context\'s page opened may be targeted; other tabs may not', () => {
+  const parentOf = (id) => (id === 7 ? 1 : null);
+  assert.equal(commandTab({ context_id: 'tab-1', target: { tab_id: '7' } }, parentOf), 7);
+  assert.throws(() => commandTab({ context_id: 'tab-1', target: { tab_id: '8' } }, parentOf), { code: CODES.NO_SUCH_TAB });
+  assert.throws(() => commandTab({ context_id: 'tab-2', target: { tab_id: '7' } }, parentOf), { code: CODES.NO_SUCH_TAB });
+});
+
+test('element commands reach the page with their params', async () => {
+  const { ex, cmd, terminal, browser } = setup();
+  await ex.handleCommand(cmd('navigate', { url: 'https://e.x/' }));
+  const hover = cmd('hover', { selector: '#intro' });
+  const press = cmd('press', { keys: 'Control+a', selector: '#intro' });
+  const click = cmd('click', { selector: '#intro', wait_until: 'load' });
+  const all = cmd('extract', { selector: 'li', all: true, max_bytes: 12 });
+  await Promise.all([hover, press, click, all].map((c) => ex.handleCommand(c)));
+  assert.deepEqual(terminal(hover.command_id).data, {});
+  assert.ok(browser.log.some((l) => l[0] === 'mouse' && l[2] === 10 && l[3] === 20));
+  const pr = browser.log.find((l) => l[0] === 'press');
+  assert.deepEqual(pr[2], { key: 'a', code: 'KeyA', keyCode: 65, text: 'a', modifiers: ['Control'] });
+  assert.deepEqual(terminal(click.command_id).data, { navigated: false, url: 'https://e.x/' });
+  assert.ok(browser.log.some((l) => l[0] === 'navigation' && l[2] === 'load'));
+  assert.deepEqual(terminal(all.command_id).data, { values: ['#intro'], bytes: 11, truncated: true });
+});
+
+test('a download too large for a frame is cancelled with an event saying why', async () => {
+  const { ex, cmd, frames, browser } = setup({ maxMessageBytes: 8192 });
+  const sizes = [];
+  browser.fetchBytes = async (url, max) => {
+    sizes.push(max);
+    return { too_large: true, bytes: max + 1 };
+  };
+  let release;
+  browser.gates.set('https://e.x/slow', { p: new Promise((r) => { release = r; }) });
+  const c = cmd('navigate', { url: 'https://e.x/slow' });
+  const p = ex.handleCommand(c);
+  await new Promise((r) => setImmediate(r));
+  ex.emit(1, 'download', { url: 'https://e.x/big.iso', name: 'big.iso' });
+  release();
+  await p;
+  const f = frames(c.command_id);
+  assert.deepEqual(f.map((x) => x.type), ['ack', 'event', 'result']);
+  assert.equal(f[1].data.state, 'cancelled');
+  assert.match(f[1].data.reason, /max_message_bytes/);
+  assert.deepEqual(sizes, [Math.floor((8192 - 4096) * 3 / 4)]);
 });

@@ -44,14 +44,19 @@ test('cleartextWarning: a key sent over ws:// to another machine is flagged', ()
 });
 
 test('hello carries the fields of DESIGN §4', () => {
-  const h = helloFrame({ token: 'chk_x', clientId: 'ext-1', name: 'n', version: '0.1.0', labels: { a: 'b' }, maxContexts: 3 });
+  const h = helloFrame({
+    token: 'chk_x', clientId: 'ext-1', name: 'n', version: '0.1.0', labels: { a: 'b' }, maxContexts: 3,
+    effects: { navigate: 'mutate', extract: 'observe' },
+  });
   assert.deepEqual(h, {
     type: 'hello', protocol: 1, token: 'chk_x', client_id: 'ext-1', client_type: 'browser',
     name: 'n', version: '0.1.0', labels: { a: 'b' }, capacity: { max_contexts: 3 },
+    effects: { navigate: 'mutate', extract: 'observe' },
   });
   const bare = helloFrame({ token: 't', clientId: 'ext-2', labels: {} });
   assert.equal('labels' in bare, false);
   assert.equal('capacity' in bare, false);
+  assert.equal('effects' in bare, false);
 });
 
 test('client and context ids are valid protocol ids', () => {

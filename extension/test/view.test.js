@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { describeState, workerRows } from '../src/lib/view.js';
+import { canReconnect, describeState, workerRows } from '../src/lib/view.js';
 
 test('the popup names each state', () => {
   assert.equal(describeState(null).label, 'Starting');
@@ -9,11 +9,26 @@ test('the popup names each state', () => {
   assert.deepEqual(describeState(s), { label: 'Connected', cls: 'connected', detail: '2 worker tabs, 1 under automation.' });
   assert.equal(describeState({ state: 'waiting', detail: 'lost', next_attempt_at: 5500 }, 1000).detail, 'lost. Next attempt in 5 s.');
   assert.equal(describeState({ state: 'halted', detail: 'the broker refused the client key' }).label, 'Stopped');
-  assert.match(describeState({ state: 'unconfigured' }).detail, /client key/);
+  assert.match(describeState({ state: 'unconfigured' }).detail, /Open the options/);
+  assert.match(describeState({ state: 'unconfigured' }, 0, { onOptions: true }).detail, /below/);
+  assert.doesNotMatch(describeState({ state: 'unconfigured' }, 0, { onOptions: true }).detail, /options/);
+});
+
+test('Reconnect is offered only once set up and not connected', () => {
+  assert.equal(canReconnect({ state: 'unconfigured', configured: false }), false);
+  assert.equal(canReconnect({ state: 'halted', configured: true }), true);
+  assert.equal(canReconnect({ state: 'connected', configured: true }), false);
+  assert.equal(canReconnect(null), false);
+});
+
+test('tasks are listed only while connected', () => {
+  const w = [{ tab_id: '1', url: 'https://e/', title: 'E', task_id: 'job', epoch: 3 }];
+  assert.equal(workerRows({ state: 'connected', workers: w })[0].task, 'job');
+  assert.equal(workerRows({ state: 'waiting', workers: w })[0].task, null);
 });
 
 test('worker rows show the task holding each tab', () => {
-  const rows = workerRows({ workers: [
+  const rows = workerRows({ state: 'connected', workers: [
     { tab_id: '1', url: 'https://e/', title: '', task_id: 'job', epoch: 3 },
     { tab_id: '2', url: '', title: '', task_id: null },
   ] });

@@ -48,10 +48,13 @@ export class Connection {
     pingMs = PING_MS,
     handshakeMs = HANDSHAKE_MS,
     log = () => {},
+    // diagnose(wsUrl) says why a socket never opened, when it can tell
+    // (see probe.js); null when it cannot.
+    diagnose = null,
   }) {
     Object.assign(this, {
       WebSocket, getConfig, scheduleReconnect, cancelReconnect, onWelcome, onFrame,
-      onStatus, onReconnectState, onHalt, timers, now, backoff, pingMs, handshakeMs, log,
+      onStatus, onReconnectState, onHalt, timers, now, backoff, pingMs, handshakeMs, log, diagnose,
     });
     this.gen = 0;
     this.ws = null;
@@ -93,7 +96,7 @@ export class Connection {
     }
     if (gen !== this.gen) return;
     if (!cfg || !cfg.url || !cfg.token) {
-      this.setStatus('unconfigured', { detail: 'set the broker URL and a client key in the options' });
+      this.setStatus('unconfigured', { detail: '' });
       return;
     }
     let ws;
@@ -213,11 +216,10 @@ export class Connection {
     const err = this.brokerError;
     const effective = CLOSE_FOR_ERROR[err?.code] ?? code;
     let detail = [closeReason(effective), err?.message].filter(Boolean).join(': ');
-    // A browser says nothing of why a wss:// connection never opened; a
-    // certificate it does not trust is the usual cause.
-    if (!this.opened && !err && code === 1006 && this.url?.startsWith('wss:')) {
-      detail += ' before it opened: is the broker serving TLS there, with a certificate this browser trusts?';
-    }
+    // A connection that never opened was not lost: it never was. A browser
+    // does not say why; say what to check.
+    const never = !this.opened && !err && code === 1006;
+    if (never) detail = neverOpened(this.url);
     if (isPermanentClose(effective)) {
       this.gen++; // nothing of this connection may act any more
       this.setStatus('halted', { detail, closeCode: effective });
@@ -226,6 +228,16 @@ export class Connection {
     }
     this.log('connection closed', code, reason, wasWelcomed ? '(was connected)' : '');
     this.retry(gen, detail);
+    if (never && this.diagnose) {
+      const url = this.url;
+      const status = this.status;
+      Promise.resolve(this.diagnose(url)).then((why) => {
+        // Only while still waiting after this very attempt.
+        if (!why || gen !== this.gen || this.status !== status) return;
+        this.status = { ...status, detail: `could not connect to ${url}: ${why}` };
+        this.onStatus(this.status);
+      }, () => {});
+    }
   }
 
   /** retry schedules the next attempt after the backoff delay. */
@@ -298,4 +310,18 @@ export class Connection {
     this.pingTimer = null;
     this.handshakeTimer = null;
   }
+}
+
+/**
+ * neverOpened says what a WebSocket that never opened means: nothing
+ * answered at that address, or something did that is not the broker's
+ * WebSocket (a wrong path), or, for wss://, a certificate the browser does
+ * not trust.
+ */
+export function neverOpened(url) {
+  const base = `could not connect to ${url}: no broker answered there`;
+  if (url?.startsWith('wss:')) {
+    return `${base} (is the broker serving TLS there, with a certificate this browser trusts? is the path right?)`;
+  }
+  return `${base} (is it running, and are the host, port and path right?)`;
 }

@@ -59,6 +59,8 @@ export const CODES = Object.freeze({
   UNSUPPORTED_COMMAND: 'unsupported_command',
   NO_SUCH_TAB: 'no_such_tab',
   NOT_SCRIPTABLE: 'not_scriptable',
+  NO_SUCH_FRAME: 'no_such_frame',
+  NOT_ENABLED: 'not_enabled',
   CANCELLED: 'cancelled',
   TOO_LARGE: 'too_large',
   COMMAND_FAILED: 'command_failed',
@@ -179,7 +181,7 @@ export function formatLabels(labels) {
 }
 
 /** helloFrame is the first frame of every connection. */
-export function helloFrame({ token, clientId, name, version, labels, maxContexts }) {
+export function helloFrame({ token, clientId, name, version, labels, maxContexts, effects }) {
   const f = {
     type: 'hello', protocol: PROTOCOL_VERSION, token, client_id: clientId,
     client_type: 'browser',
@@ -188,6 +190,7 @@ export function helloFrame({ token, clientId, name, version, labels, maxContexts
   if (version) f.version = version;
   if (labels && Object.keys(labels).length > 0) f.labels = labels;
   if (Number.isInteger(maxContexts) && maxContexts >= 0) f.capacity = { max_contexts: maxContexts };
+  if (effects && Object.keys(effects).length > 0) f.effects = effects;
   return f;
 }
 
@@ -196,6 +199,7 @@ export const ackFrame = (commandId) => ({ type: 'ack', command_id: commandId });
 export const resultFrame = (commandId, data) => ({ type: 'result', command_id: commandId, data: data ?? {} });
 export const captureFrame = (commandId, mime, base64) => ({ type: 'capture', command_id: commandId, mime, data: base64 });
 export const progressFrame = (commandId, data) => ({ type: 'progress', command_id: commandId, data });
+export const eventFrame = (commandId, name, data) => ({ type: 'event', command_id: commandId, name, data: data ?? {} });
 
 /** errorFrame is a command's failed terminal message. */
 export function errorFrame(commandId, code, message, data) {

@@ -11,7 +11,7 @@ const LABELS = {
 };
 
 /** describeState gives the pill's label and class and a line of detail. */
-export function describeState(s, now = Date.now()) {
+export function describeState(s, now = Date.now(), { onOptions = false } = {}) {
   if (!s) return { label: 'Starting', cls: 'idle', detail: '' };
   const label = LABELS[s.state] ?? s.state;
   let detail = s.detail ?? '';
@@ -23,18 +23,27 @@ export function describeState(s, now = Date.now()) {
     const busy = (s.workers ?? []).filter((w) => w.task_id).length;
     detail = `${n} worker tab${n === 1 ? '' : 's'}, ${busy} under automation.`;
   } else if (s.state === 'unconfigured' && !detail) {
-    detail = 'Open the options and paste a client key.';
+    detail = onOptions ? 'Fill in the broker URL and a client key below, then save.' : 'Open the options, set the broker URL and paste a client key.';
   }
   return { label, cls: s.state, detail };
 }
 
-/** workerRows lists the worker tabs for the popup's table. */
+/**
+ * workerRows lists the worker tabs for the popup's table. Tasks show only
+ * while connected: a mark from before a disconnect says nothing of now.
+ */
 export function workerRows(s) {
+  const live = s?.state === 'connected';
   return (s?.workers ?? []).map((w) => ({
     tab: w.tab_id,
     page: w.title || w.url || 'about:blank',
     url: w.url || '',
-    task: w.task_id ?? null,
-    epoch: w.epoch ?? null,
+    task: live ? w.task_id ?? null : null,
+    epoch: live ? w.epoch ?? null : null,
   }));
+}
+
+/** canReconnect says whether the popup offers Reconnect: only once set up. */
+export function canReconnect(s) {
+  return Boolean(s?.configured) && s.state !== 'connected' && s.state !== 'connecting';
 }
