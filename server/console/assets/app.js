@@ -1,7 +1,7 @@
 // The console's entry point: sign-in, the live overview stream, navigation
 // between the four views, and the shared confirmation and status helpers.
 import { call, setSession, whenSignedOut, APIError } from './api.js';
-import { replace } from './dom.js';
+import { replace, duration } from './dom.js';
 import * as overview from './overview.js';
 import * as leases from './leases.js';
 import * as history from './history.js';
@@ -174,6 +174,13 @@ function tick() {
     const left = Date.parse(el.dataset.expires) - now();
     el.textContent = left > 0 ? formatLeft(left) : 'expired';
   }
+  for (const el of document.querySelectorAll('[data-since]')) el.textContent = ago(el.dataset.since);
+}
+
+// ago says how long ago an RFC 3339 time was, by the broker's clock.
+export function ago(t) {
+  const ms = now() - Date.parse(t);
+  return ms < 5000 ? 'just now' : `${duration(ms)} ago`;
 }
 
 export function formatLeft(ms) {
@@ -187,7 +194,7 @@ async function start() {
   $('signin-form').addEventListener('submit', signIn);
   $('sign-out').addEventListener('click', signOut);
   $('skip').addEventListener('click', (e) => { e.preventDefault(); $('main').focus(); });
-  window.addEventListener('hashchange', () => { render(false); $('main').focus(); });
+  window.addEventListener('hashchange', () => { say(''); render(false); $('main').focus(); });
   setInterval(tick, 1000);
   try {
     signedIn(await call('GET', '/ui/api/session'));

@@ -67,7 +67,9 @@ export function labels(m) {
 // table builds a table with a caption, header cells and rows of cells.
 export function table(caption, heads, rows, empty) {
   if (rows.length === 0) return h('p', { class: 'muted' }, empty);
-  return h('div', { class: 'scroll' },
+  // The wrapper scrolls on a narrow window; it takes the focus so that the
+  // keyboard scrolls it too.
+  return h('div', { class: 'scroll', tabindex: '0', role: 'region', 'aria-label': caption },
     h('table', {},
       h('caption', {}, caption),
       h('thead', {}, h('tr', {}, heads.map((c) => h('th', { scope: 'col' }, c)))),

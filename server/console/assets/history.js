@@ -44,7 +44,7 @@ async function list(out, user, task, cursor) {
   const rows = page.commands.map((c) => [
     h('a', { href: `#command?${new URLSearchParams({ user, id: c.command_id })}`, class: 'mono' }, c.command_id),
     c.name,
-    h('span', { class: `status ${c.status}` }, c.status),
+    h('span', { class: `state ${c.status}` }, c.status),
     c.task_id,
     h('code', {}, c.context_id),
     time(c.created_at),
@@ -117,7 +117,7 @@ async function command(out, user, id) {
   const { command: c } = await call('GET', `/api/v1/users/${seg(user)}/commands/${seg(id)}`);
   const d = c.delivery;
   out.appendChild(h('article', { class: 'card command', 'aria-labelledby': 'cmd-title' },
-    h('h2', { id: 'cmd-title' }, `${c.name} `, h('span', { class: `status ${c.status}` }, c.status)),
+    h('h2', { id: 'cmd-title' }, `${c.name} `, h('span', { class: `state ${c.status}` }, c.status)),
     h('dl', { class: 'fields' },
       field('Command id', h('code', {}, c.command_id)),
       field('Trace id', h('code', { class: 'trace' }, c.trace_id)),

@@ -1,8 +1,7 @@
 // Overview: per user, the clients and the contexts by state, live.
 import { h, time, labels, table } from './dom.js';
 import { call, seg } from './api.js';
-import { confirm, say, fail, now } from './app.js';
-import { duration } from './dom.js';
+import { confirm, say, fail, ago } from './app.js';
 
 export const live = true;
 
@@ -28,7 +27,7 @@ function clientRows(u) {
     c.client_type,
     c.version || '—',
     labels(c.labels),
-    c.connected ? h('span', { title: time(c.connected_at) }, time(c.connected_at), h('br'), h('span', { class: 'muted' }, `${duration(now() - Date.parse(c.connected_at))} ago`))
+    c.connected ? h('span', { title: time(c.connected_at) }, time(c.connected_at), h('br'), h('span', { class: 'muted', 'data-since': c.connected_at }, ago(c.connected_at)))
       : h('span', { class: 'warn' }, 'away (reconnect grace)'),
     String(c.contexts),
     c.connected
