@@ -66,7 +66,6 @@ func TestConsoleAccessibility(t *testing.T) {
 	}{{"wide", 1280, 800}, {"narrow", 390, 844}} {
 		t.Run(size.name, func(t *testing.T) {
 			p := openBrowser(t, br.url, size.w, size.h)
-			p.run("viewport", chromedp.EmulateViewport(int64(size.w), int64(size.h)))
 			p.run("open", chromedp.Navigate(br.url+"/ui/"), chromedp.WaitVisible(chromedp.ID("signin-key")))
 			axe(t, p, src, "sign-in")
 			p.screenshot(size.name + "-sign-in")

@@ -264,7 +264,10 @@ const maxSignInBody = 4 << 10
 func (c *Console) postSession(ctx *gin.Context) {
 	headers(ctx)
 	ctx.Header("Cache-Control", "no-store")
-	if !sameOrigin(ctx.Request) {
+	// A JSON body cannot come from another site's form without a CORS
+	// preflight, which the broker never grants: nobody can be signed in to
+	// the console by another page.
+	if !sameOrigin(ctx.Request) || !strings.HasPrefix(ctx.GetHeader("Content-Type"), "application/json") {
 		c.fail(ctx, errOrigin)
 		return
 	}

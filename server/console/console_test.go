@@ -34,7 +34,7 @@ func signIn(t *testing.T, client *http.Client, base, key string) (*http.Response
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/ui/api/session", strings.NewReader(string(body)))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Origin", base)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
 	resp, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -102,6 +102,27 @@ func TestSignInCookie(t *testing.T) {
 	st, body := do(t, client, http.MethodGet, br.url+"/api/v1/admin/pools", "", "")
 	require.Equal(t, http.StatusOK, st, "%s", body)
 
+	// A sign-in that is not JSON, or that the browser says comes from
+	// another site, is refused.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, br.url+"/ui/api/session",
+		strings.NewReader(`{"key":"`+adminKey+`"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "text/plain")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	req, err = http.NewRequestWithContext(t.Context(), http.MethodPost, br.url+"/ui/api/session",
+		strings.NewReader(`{"key":"`+adminKey+`"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	require.Empty(t, resp.Cookies())
+
 	// A wrong key, and a key that is not an admin's, open no session.
 	resp, _ = signIn(t, cookieClient(t), br.url, "chk_nobody_0000")
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
@@ -157,7 +178,7 @@ func TestCSRF(t *testing.T) {
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, br.url+"/api/v1/admin/keys", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set(console.CSRFHeader, csrf)
-	req.Header.Set("Origin", "http://evil.example")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
 	resp, err := client.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

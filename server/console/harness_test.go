@@ -284,7 +284,7 @@ func openBrowser(t *testing.T, base string, width, height int) *page {
 	p := &page{t: t, ctx: ctx, base: base, shot: screenshotDir(t)}
 	// The first run starts the browser, with the domains chromedp enables
 	// (runtime, log, page) on.
-	if err := chromedp.Do(ctx); err != nil {
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(int64(width), int64(height))); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
 	err := chromedp.Listen(ctx, func(ev any) {

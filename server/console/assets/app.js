@@ -169,11 +169,14 @@ async function signOut() {
   showSignIn('Signed out.');
 }
 
+// remaining says how long until an RFC 3339 time, by the broker's clock.
+export function remaining(t) {
+  const left = Date.parse(t) - now();
+  return left > 0 ? formatLeft(left) : 'expired';
+}
+
 function tick() {
-  for (const el of document.querySelectorAll('[data-expires]')) {
-    const left = Date.parse(el.dataset.expires) - now();
-    el.textContent = left > 0 ? formatLeft(left) : 'expired';
-  }
+  for (const el of document.querySelectorAll('[data-expires]')) el.textContent = remaining(el.dataset.expires);
   for (const el of document.querySelectorAll('[data-since]')) el.textContent = ago(el.dataset.since);
 }
 

@@ -2,7 +2,7 @@
 // admin views never carry a lease token, and neither does this page.
 import { h, time, table } from './dom.js';
 import { call, seg } from './api.js';
-import { confirm, say, fail, now, formatLeft } from './app.js';
+import { confirm, say, fail, remaining } from './app.js';
 
 export const live = true;
 
@@ -22,7 +22,6 @@ async function revoke(l) {
 export function render(_r, state) {
   const o = state.overview;
   const ls = o ? o.leases : [];
-  const left = (l) => Date.parse(l.expires_at) - now();
   const rows = ls.map((l) => [
     h('span', { class: 'task' }, l.task_id),
     l.user_id,
@@ -31,7 +30,7 @@ export function render(_r, state) {
     `${l.ttl_s} s`,
     time(l.expires_at),
     h('span', { class: 'countdown', 'data-expires': l.expires_at, role: 'timer', 'aria-live': 'off' },
-      left(l) > 0 ? formatLeft(left(l)) : 'expired'),
+      remaining(l.expires_at)),
     h('button', { type: 'button', class: 'danger', 'data-key': `revoke:${l.user_id}:${l.client_id}:${l.context_id}:${l.epoch}`,
       'aria-label': `Revoke the lease of task ${l.task_id} on ${l.context_id}`, onclick: () => revoke(l) }, 'Revoke'),
   ]);

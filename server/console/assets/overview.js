@@ -1,7 +1,7 @@
 // Overview: per user, the clients and the contexts by state, live.
 import { h, time, labels, table } from './dom.js';
 import { call, seg } from './api.js';
-import { confirm, say, fail, ago } from './app.js';
+import { confirm, say, fail, ago, remaining } from './app.js';
 
 export const live = true;
 
@@ -49,7 +49,17 @@ function idleRows(u) {
   ]);
 }
 
-function user(u) {
+function leaseRows(leases) {
+  return leases.map((l) => [
+    h('code', {}, l.client_id),
+    h('code', {}, l.context_id),
+    h('span', { class: 'task' }, l.task_id),
+    String(l.epoch),
+    h('span', { class: 'countdown', 'data-expires': l.expires_at }, remaining(l.expires_at)),
+  ]);
+}
+
+function user(u, leases) {
   const id = `user-${u.user_id}`;
   return h('section', { class: 'user card', 'aria-labelledby': id },
     h('h2', { id }, u.user_id),
@@ -60,6 +70,9 @@ function user(u) {
     table(`Clients of ${u.user_id}`,
       ['Name', 'Client id', 'Type', 'Version', 'Labels', 'Connected since', 'Contexts', ''],
       clientRows(u), 'No clients.'),
+    table(`Leased contexts of ${u.user_id}`,
+      ['Client', 'Context', 'Task', 'Epoch', 'Remaining'],
+      leaseRows(leases.filter((l) => l.user_id === u.user_id)), 'No leased contexts.'),
     table(`Idle contexts of ${u.user_id}`,
       ['Client', 'Context', 'Tab', 'Title', 'URL', 'Labels', 'Idle since'],
       idleRows(u), 'No idle contexts.'));
@@ -71,5 +84,5 @@ export function render(_r, state) {
   return h('section', { 'aria-labelledby': 'overview-title' },
     h('h1', { id: 'overview-title' }, 'Overview'),
     h('p', { class: 'muted' }, `${o.users.length} user${o.users.length === 1 ? '' : 's'}, ${o.leases.length} active lease${o.leases.length === 1 ? '' : 's'}. Updated ${time(o.now)}.`),
-    o.users.length === 0 ? h('p', { class: 'muted' }, 'No client has connected yet.') : o.users.map(user));
+    o.users.length === 0 ? h('p', { class: 'muted' }, 'No client has connected yet.') : o.users.map((u) => user(u, o.leases)));
 }
