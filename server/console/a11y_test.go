@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -129,5 +128,5 @@ func tabTo(t *testing.T, p *page, cond string) {
 		}
 		p.run("tab", chromedp.KeyEvent(kb.Tab))
 	}
-	t.Fatal(fmt.Sprintf("Tab never reached an element where %s", strings.TrimSpace(cond)))
+	t.Fatalf("Tab never reached an element where %s", strings.TrimSpace(cond))
 }

@@ -289,7 +289,10 @@ func (c *Console) postSession(ctx *gin.Context) {
 	ctx.JSON(http.StatusCreated, c.info(s))
 }
 
-func (c *Console) getSession(ctx *gin.Context) {
+// session answers the console's own requests: it writes the security
+// headers and returns the request's session, or answers why there is none
+// and returns nil.
+func (c *Console) session(ctx *gin.Context) *session {
 	headers(ctx)
 	ctx.Header("Cache-Control", "no-store")
 	s, _, ok, err := c.lookup(ctx.Request)
@@ -298,20 +301,20 @@ func (c *Console) getSession(ctx *gin.Context) {
 	}
 	if err != nil {
 		c.fail(ctx, err)
-		return
+		return nil
 	}
-	ctx.JSON(http.StatusOK, c.info(s))
+	return s
+}
+
+func (c *Console) getSession(ctx *gin.Context) {
+	if s := c.session(ctx); s != nil {
+		ctx.JSON(http.StatusOK, c.info(s))
+	}
 }
 
 func (c *Console) deleteSession(ctx *gin.Context) {
-	headers(ctx)
-	ctx.Header("Cache-Control", "no-store")
-	s, _, ok, err := c.lookup(ctx.Request)
-	if !ok {
-		err = errNoSession
-	}
-	if err != nil {
-		c.fail(ctx, err)
+	s := c.session(ctx)
+	if s == nil {
 		return
 	}
 	c.sessions.end(s)

@@ -75,13 +75,8 @@ func (c *Console) watch() (chan struct{}, func()) {
 // KeepAlive, and a "signed-out" event when the session ends. The stream does
 // not keep the session alive: only the page's requests do.
 func (c *Console) events(ctx *gin.Context) {
-	headers(ctx)
-	s, _, ok, err := c.lookup(ctx.Request)
-	if !ok {
-		err = errNoSession
-	}
-	if err != nil {
-		c.fail(ctx, err)
+	s := c.session(ctx)
+	if s == nil {
 		return
 	}
 	wake, stop := c.watch()

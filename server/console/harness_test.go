@@ -9,7 +9,6 @@ import (
 	"image/png"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"github.com/coder/websocket"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/browsertest"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
@@ -49,26 +49,8 @@ func startBroker(t *testing.T, o server.Options) *broker {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	b, err := server.Open(t.Context(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		b.Server.Drain() // ends the console's event streams
-		_ = hs.Shutdown(ctx)
-		if err := b.Close(ctx); err != nil {
-			t.Errorf("close broker: %v", err)
-		}
-	})
-	return &broker{b: b, url: "http://" + ln.Addr().String()}
+	b, url := browsertest.Broker(t, o)
+	return &broker{b: b, url: url}
 }
 
 // clientKey makes a client key for user.
@@ -220,21 +202,6 @@ func testPNG(t *testing.T, w, h int) []byte {
 	return buf.Bytes()
 }
 
-// chromiumPath is Debian's chromium, or $CHEETAH_CHROMIUM; the test fails
-// without it, as the extension's does: a browser test that quietly does
-// not run is a test nobody notices is missing.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	p := os.Getenv("CHEETAH_CHROMIUM")
-	if p == "" {
-		p = "/usr/bin/chromium"
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("no chromium at %s (%v): run scripts/ensure-chromium, or set CHEETAH_CHROMIUM", p, err)
-	}
-	return p
-}
-
 // page is one browser tab on the console, with what it reported: script
 // errors, console errors, CSP violations and JavaScript dialogs.
 type page struct {
@@ -261,22 +228,11 @@ func screenshotDir(t *testing.T) string {
 // openBrowser starts headless chromium at width×height and opens a tab.
 func openBrowser(t *testing.T, base string, width, height int) *page {
 	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("headless", "new"),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
+	opts := append(browsertest.Flags(browsertest.ChromiumPath(t), t.TempDir()),
 		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("no-default-browser-check", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("disable-features", "Translate"),
 		chromedp.WindowSize(width, height),
-	}
+	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(allocCtx)
@@ -415,22 +371,7 @@ func (p *page) show(hash, heading string) {
 
 // eventually polls cond until it holds: the page's progress sends the test
 // no signal, so what it shows is looked at until it shows it.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		select {
-		case <-tick.C:
-		case <-t.Context().Done():
-			t.Fatalf("test ended waiting for %s", what)
-		}
-	}
-}
+var eventually = browsertest.Eventually
 
 func jsString(s string) string {
 	b, _ := json.Marshal(s)

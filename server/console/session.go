@@ -106,15 +106,6 @@ func (t *sessions) endLocked(s *session) {
 	}
 }
 
-// endAll ends every session (the broker is stopping).
-func (t *sessions) endAll() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, s := range t.byID {
-		t.endLocked(s)
-	}
-}
-
 func randomToken() string {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
