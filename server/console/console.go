@@ -285,6 +285,12 @@ func (c *Console) postSession(ctx *gin.Context) {
 		c.fail(ctx, err)
 		return
 	}
+	// A browser signing in again leaves its previous session behind.
+	if old, err := ctx.Request.Cookie(CookieName); err == nil {
+		if prev := c.sessions.get(old.Value, c.clock.Now(), c.idle, c.maxAge, false); prev != nil {
+			c.sessions.end(prev)
+		}
+	}
 	setCookie(ctx.Writer, ctx.Request, s.id, int(c.maxAge/time.Second))
 	ctx.JSON(http.StatusCreated, c.info(s))
 }

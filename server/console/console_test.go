@@ -2,17 +2,20 @@ package console_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,8 +81,27 @@ func sessionCookie(t *testing.T, resp *http.Response) *http.Cookie {
 	return nil
 }
 
+// syncBuffer is a buffer the broker's log may write from any goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func TestSignInCookie(t *testing.T) {
-	br := startBroker(t, server.Options{})
+	var logs syncBuffer
+	br := startBroker(t, server.Options{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	client := cookieClient(t)
 
 	resp, info := signIn(t, client, br.url, adminKey)
@@ -101,6 +123,18 @@ func TestSignInCookie(t *testing.T) {
 	// The cookie is the admin key for reads.
 	st, body := do(t, client, http.MethodGet, br.url+"/api/v1/admin/pools", "", "")
 	require.Equal(t, http.StatusOK, st, "%s", body)
+
+	// Signing in again ends the session the browser had.
+	resp2, _ := signIn(t, client, br.url, adminKey)
+	require.Equal(t, http.StatusCreated, resp2.StatusCode)
+	require.NotEqual(t, ck.Value, sessionCookie(t, resp2).Value)
+	old, err := http.NewRequestWithContext(t.Context(), http.MethodGet, br.url+"/ui/api/session", nil)
+	require.NoError(t, err)
+	old.AddCookie(&http.Cookie{Name: console.CookieName, Value: ck.Value})
+	resp, err = http.DefaultClient.Do(old)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the previous session still answers")
 
 	// A sign-in that is not JSON, or that the browser says comes from
 	// another site, is refused.
@@ -126,9 +160,16 @@ func TestSignInCookie(t *testing.T) {
 	// A wrong key, and a key that is not an admin's, open no session.
 	resp, _ = signIn(t, cookieClient(t), br.url, "chk_nobody_0000")
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
-	resp, _ = signIn(t, cookieClient(t), br.url, br.clientKey(t, "usr_c"))
+	client2 := br.clientKey(t, "usr_c")
+	resp, _ = signIn(t, cookieClient(t), br.url, client2)
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	require.Empty(t, resp.Cookies())
+
+	// No key, no session id and no CSRF token is ever logged.
+	require.NotEmpty(t, logs.String())
+	for _, secret := range []string{adminKey, client2, ck.Value, info["csrf_token"].(string)} {
+		require.NotContains(t, logs.String(), secret)
+	}
 }
 
 func TestSignInCookieSecureOverTLS(t *testing.T) {

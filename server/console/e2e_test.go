@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server"
+	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
 const (
@@ -80,8 +82,19 @@ func TestConsoleEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a browser; skipped with -short")
 	}
-	br := startBroker(t, server.Options{})
+	br := startBroker(t, server.Options{WebhookAllowPrivate: true})
 	p := openBrowser(t, br.url, 1280, 800)
+	// The application's key, which signs the webhook of the command below,
+	// and the application's receiver.
+	app, err := br.b.Keys.Create(t.Context(), auth.App, "", "e2e app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := make(chan string, 4)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hooks <- r.Header.Get("webhook-id")
+	}))
+	t.Cleanup(receiver.Close)
 
 	// Sign in. The key is in no storage, and not in the page once signed in.
 	p.run("open the console", chromedp.Navigate(br.url+"/ui/"), chromedp.WaitVisible(chromedp.ID("signin-key")))
@@ -123,12 +136,21 @@ func TestConsoleEndToEnd(t *testing.T) {
 		t.Fatalf("acquire: %d %s", st, raw)
 	}
 	lease := acq.Lease
-	// One command, for the history steps below.
+	// One command, for the history steps below, with a webhook.
 	var res struct{ Resolution cheetah.Resolution }
-	st, raw = br.api(t, adminKey, http.MethodPost, "/api/v1/commands/wait", map[string]string{"X-Lease": lease.LeaseToken},
+	st, raw = br.api(t, app.Secret, http.MethodPost, "/api/v1/commands/wait",
+		map[string]string{"X-Lease": lease.LeaseToken, "X-Callback-Url": receiver.URL + "/hook"},
 		map[string]any{"name": "shoot", "params": map[string]any{"full_page": true}}, &res)
 	if st != http.StatusOK || res.Resolution.Status != cheetah.StatusCompleted {
 		t.Fatalf("send shoot: %d %s", st, raw)
+	}
+	if id := <-hooks; id != res.Resolution.CommandID {
+		t.Fatalf("the webhook came for %q", id)
+	}
+	fctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := br.b.Webhooks.Flush(fctx); err != nil { // the delivery is recorded
+		t.Fatal(err)
 	}
 	p.show("leases", "Leases")
 	p.run("see the lease", chromedp.WaitVisible(`//main//td/span[@class="task" and text()="`+e2eTask+`"]`))
@@ -189,6 +211,10 @@ func TestConsoleEndToEnd(t *testing.T) {
 	}
 	if got := eval[string](p, `document.querySelector('.trace').textContent`); got != res.Resolution.TraceID {
 		t.Errorf("the trace id shows as %q, want %q", got, res.Resolution.TraceID)
+	}
+	webhook := eval[string](p, `[...document.querySelectorAll('.fields dt')].find(dt => dt.textContent === 'Webhook').nextElementSibling.textContent`)
+	if !strings.HasPrefix(webhook, "delivered after 1 attempt") || !strings.Contains(webhook, receiver.URL+"/hook") {
+		t.Errorf("the webhook shows as %q", webhook)
 	}
 	kinds := eval[string](p, `[...document.querySelectorAll('article tbody tr td:nth-child(2)')].map(td => td.textContent).join(',')`)
 	if kinds != "ack,progress,event,capture,result" {

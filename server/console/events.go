@@ -57,6 +57,9 @@ func (c *Console) overview(ctx context.Context) Overview {
 	return o
 }
 
+// minGap is the least time between two snapshots of one stream.
+const minGap = 200 * time.Millisecond
+
 // watch registers a wake-up channel for Changed.
 func (c *Console) watch() (chan struct{}, func()) {
 	w := make(chan struct{}, 1)
@@ -104,6 +107,10 @@ func (c *Console) events(ctx *gin.Context) {
 	if !send("overview", c.overview(rctx)) {
 		return
 	}
+	// After a snapshot the stream waits minGap before it takes the next
+	// wake-up: a churn of changes costs each stream a few snapshots a
+	// second, each showing everything up to its moment.
+	wakes, gap := (<-chan struct{})(wake), (<-chan time.Time)(nil)
 	for {
 		select {
 		case <-rctx.Done():
@@ -113,10 +120,13 @@ func (c *Console) events(ctx *gin.Context) {
 		case <-s.done:
 			send("signed-out", gin.H{})
 			return
-		case <-wake:
+		case <-gap:
+			wakes, gap = wake, nil
+		case <-wakes:
 			if !send("overview", c.overview(rctx)) {
 				return
 			}
+			wakes, gap = nil, c.clock.After(minGap)
 		case <-tick.Chan():
 			if c.sessions.get(s.id, c.clock.Now(), c.idle, c.maxAge, false) == nil {
 				// get ended it: s.done is closed, the next turn says so.
