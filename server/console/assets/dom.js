@@ -70,8 +70,11 @@ export function table(caption, heads, rows, empty) {
   // The wrapper scrolls on a narrow window; it takes the focus so that the
   // keyboard scrolls it too.
   return h('div', { class: 'scroll', tabindex: '0', role: 'region', 'aria-label': caption },
-    h('table', {},
+    // Explicit roles keep the table a table to screen readers when a narrow
+    // window lays its rows out as cards (display: block).
+    h('table', { role: 'table' },
       h('caption', {}, caption),
-      h('thead', {}, h('tr', {}, heads.map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c)))))));
+      h('thead', { role: 'rowgroup' }, h('tr', { role: 'row' }, heads.map((c) => h('th', { scope: 'col', role: 'columnheader' }, c)))),
+      h('tbody', { role: 'rowgroup' }, rows.map((r) => h('tr', { role: 'row' },
+        r.map((c, i) => h('td', { role: 'cell', 'data-label': heads[i] }, c)))))));
 }
