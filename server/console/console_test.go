@@ -450,3 +450,24 @@ func TestEventStream(t *testing.T) {
 	_, err = s.r.ReadString('\n')
 	require.ErrorIs(t, err, io.EOF, "the stream ends after signed-out")
 }
+
+// TestDrainEndsEventStreams: a draining broker ends the console's streams,
+// which would otherwise hold an HTTP server's graceful shutdown until its
+// deadline.
+func TestDrainEndsEventStreams(t *testing.T) {
+	br := startBroker(t, server.Options{})
+	client := cookieClient(t)
+	signIn(t, client, br.url, adminKey)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, br.url+"/ui/api/events", nil)
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	s := &sse{r: bufio.NewReader(resp.Body)}
+	s.overview(t, func(console.Overview) bool { return true })
+	br.b.Server.Drain()
+	_, err = io.ReadAll(s.r)
+	require.NoError(t, err, "the stream ends cleanly")
+}
