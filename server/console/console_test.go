@@ -384,6 +384,22 @@ func (s *sse) overview(t *testing.T, cond func(console.Overview) bool) console.O
 	}
 }
 
+// openStream opens the console's event stream with client's session; it
+// is closed when the test ends, or after 30 s.
+func openStream(t *testing.T, client *http.Client, base string) *sse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ui/api/events", nil)
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	return &sse{r: bufio.NewReader(resp.Body)}
+}
+
 func TestEventStream(t *testing.T) {
 	br := startBroker(t, server.Options{})
 	client := cookieClient(t)
@@ -393,16 +409,7 @@ func TestEventStream(t *testing.T) {
 	st, _ := br.api(t, "", http.MethodGet, "/ui/api/events", nil, nil, nil)
 	require.Equal(t, http.StatusUnauthorized, st)
 
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, br.url+"/ui/api/events", nil)
-	require.NoError(t, err)
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	s := &sse{r: bufio.NewReader(resp.Body)}
+	s := openStream(t, client, br.url)
 	first := s.overview(t, func(console.Overview) bool { return true })
 	require.Empty(t, first.Users)
 
@@ -447,7 +454,7 @@ func TestEventStream(t *testing.T) {
 			break
 		}
 	}
-	_, err = s.r.ReadString('\n')
+	_, err := s.r.ReadString('\n')
 	require.ErrorIs(t, err, io.EOF, "the stream ends after signed-out")
 }
 
@@ -458,16 +465,9 @@ func TestDrainEndsEventStreams(t *testing.T) {
 	br := startBroker(t, server.Options{})
 	client := cookieClient(t)
 	signIn(t, client, br.url, adminKey)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, br.url+"/ui/api/events", nil)
-	require.NoError(t, err)
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	s := &sse{r: bufio.NewReader(resp.Body)}
+	s := openStream(t, client, br.url)
 	s.overview(t, func(console.Overview) bool { return true })
 	br.b.Server.Drain()
-	_, err = io.ReadAll(s.r)
+	_, err := io.ReadAll(s.r)
 	require.NoError(t, err, "the stream ends cleanly")
 }
