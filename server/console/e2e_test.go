@@ -97,7 +97,17 @@ func TestConsoleEndToEnd(t *testing.T) {
 	t.Cleanup(receiver.Close)
 
 	// Sign in. The key is in no storage, and not in the page once signed in.
-	p.run("open the console", chromedp.Navigate(br.url+"/ui/"), chromedp.WaitVisible(chromedp.ID("signin-key")))
+	p.run("open the console", chromedp.Navigate(br.url+"/ui/"), chromedp.WaitVisible(chromedp.ID("signin-key")),
+		chromedp.WaitNotVisible(chromedp.ID("nav")), chromedp.WaitNotVisible(chromedp.ID("sign-out")))
+	// A wrong key is refused, and said so.
+	p.run("a wrong key",
+		chromedp.SendKeys(chromedp.ID("signin-key"), "chk_nobody_0000"),
+		chromedp.Click(chromedp.CSS(`#signin-form button[type=submit]`)),
+		chromedp.WaitVisible(`//p[@id="signin-error" and text()="the key is not valid"]`),
+	)
+	if v := eval[string](p, `document.getElementById('signin-key').value`); v != "" {
+		t.Fatalf("the key field still holds %q after sign-in", v)
+	}
 	p.screenshot("01-sign-in")
 	p.signIn(adminKey)
 	if html := eval[string](p, `document.documentElement.outerHTML + JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie`); strings.Contains(html, adminKey) {
@@ -281,6 +291,8 @@ func TestConsoleEndToEnd(t *testing.T) {
 	p.run("sign out",
 		chromedp.Click(chromedp.ID("sign-out")),
 		chromedp.WaitVisible(chromedp.ID("signin-key")),
+		chromedp.WaitNotVisible(chromedp.ID("nav")),
+		chromedp.WaitNotVisible(chromedp.ID("view")),
 	)
 	if st := eval[float64](p, `fetch('/api/v1/admin/pools').then(r => r.status)`); st != http.StatusUnauthorized {
 		t.Fatalf("after sign-out the API answers the page %v", st)

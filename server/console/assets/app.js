@@ -87,7 +87,7 @@ export function render(live) {
   }
 }
 
-function showSignIn(message) {
+function showSignIn(message, isError) {
   state.session = null;
   setSession(null);
   if (stream) { stream.close(); stream = null; }
@@ -96,7 +96,9 @@ function showSignIn(message) {
   $('view').hidden = true;
   replace($('view'));
   $('signin').hidden = false;
-  $('signin-error').textContent = message || '';
+  const note = $('signin-error');
+  note.textContent = message || '';
+  note.className = isError ? 'error' : 'note';
   $('signin-key').focus();
 }
 
@@ -154,7 +156,9 @@ async function signIn(ev) {
     $('signin-error').textContent = '';
     signedIn(info);
   } catch (err) {
-    $('signin-error').textContent = err instanceof APIError ? err.message : String(err);
+    const note = $('signin-error');
+    note.textContent = err instanceof APIError ? err.message : String(err);
+    note.className = 'error';
     input.focus();
   }
 }
