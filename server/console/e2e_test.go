@@ -287,6 +287,31 @@ func TestConsoleEndToEnd(t *testing.T) {
 		t.Fatalf("the revoked key still answers %d", st)
 	}
 
+	// Disconnect the agent from the overview, through the confirmation: its
+	// connection is closed, and the page shows it away.
+	gone := make(chan registry.Event, 1)
+	cancelSub := br.b.Registry.Subscribe(func(ev registry.Event) {
+		if ev.Kind == registry.ClientDisconnected && ev.ClientID == e2eAgent {
+			select {
+			case gone <- ev:
+			default:
+			}
+		}
+	})
+	defer cancelSub()
+	p.show("overview", "Overview")
+	p.run("disconnect",
+		chromedp.Click(chromedp.CSS(`button[aria-label="Disconnect client `+e2eAgent+` of `+e2eUser+`"]`)),
+		chromedp.WaitVisible(chromedp.ID("confirm-ok")),
+		chromedp.Click(chromedp.ID("confirm-ok")),
+	)
+	select {
+	case <-gone:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent was not disconnected")
+	}
+	p.run("see the agent away", chromedp.WaitVisible(`//main//td/span[text()="away (reconnect grace)"]`))
+
 	// Sign out: the sign-in form is back, and the session is gone.
 	p.run("sign out",
 		chromedp.Click(chromedp.ID("sign-out")),
@@ -322,6 +347,7 @@ func TestConsoleRendersClientTextAsText(t *testing.T) {
 	br := startBroker(t, server.Options{})
 	p := openBrowser(t, br.url, 1280, 800)
 	p.signIn(adminKey)
+	p.probe() // what runs in the page would be seen
 
 	c := dialRaw(t, br, br.clientKey(t, "usr_xss"), protocol.Hello{ClientID: "ext-xss", ClientType: protocol.ClientBrowser,
 		Name: xssName, Version: `"><svg onload=alert(4)>`, Labels: map[string]string{"note": xssLabel}})

@@ -284,6 +284,35 @@ func (p *page) problem(s string) {
 	p.mu.Unlock()
 }
 
+// probe proves the page's listeners work: a dialog, a console error, an
+// uncaught exception and an inline script the CSP refuses are each
+// reported. It then forgets them.
+func (p *page) probe() {
+	p.t.Helper()
+	eval[bool](p, `setTimeout(() => { console.error('probe'); alert('probe'); }, 0);
+		setTimeout(() => { throw new Error('probe'); }, 0);
+		const s = document.createElement('script'); s.textContent = 'window.probed = 1'; document.body.appendChild(s);
+		true`)
+	eventually(p.t, 10*time.Second, "the probes to be reported", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var dialog, console, exception, csp bool
+		for _, s := range p.problems {
+			dialog = dialog || strings.HasPrefix(s, "a JavaScript dialog opened: alert probe")
+			console = console || strings.HasPrefix(s, "console.error")
+			exception = exception || strings.HasPrefix(s, "exception:")
+			csp = csp || strings.Contains(s, "Content Security Policy")
+		}
+		return dialog && console && exception && csp
+	})
+	if eval[bool](p, `window.probed === 1`) {
+		p.t.Fatal("an inline script ran: the Content-Security-Policy does not hold")
+	}
+	p.mu.Lock()
+	p.problems = nil
+	p.mu.Unlock()
+}
+
 // noProblems fails the test if the page reported any.
 func (p *page) noProblems() {
 	p.t.Helper()
