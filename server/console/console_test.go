@@ -458,6 +458,23 @@ func TestEventStream(t *testing.T) {
 	require.ErrorIs(t, err, io.EOF, "the stream ends after signed-out")
 }
 
+func TestEventStreamsPerSession(t *testing.T) {
+	br := startBroker(t, server.Options{})
+	client := cookieClient(t)
+	signIn(t, client, br.url, adminKey)
+	for range console.MaxStreams {
+		s := openStream(t, client, br.url)
+		s.overview(t, func(console.Overview) bool { return true })
+	}
+	st, raw := do(t, client, http.MethodGet, br.url+"/ui/api/events", "", "")
+	require.Equal(t, http.StatusTooManyRequests, st, "%s", raw)
+	require.Equal(t, cheetah.CodeRateLimited, errorOf(t, raw).Code)
+	// Another session has streams of its own.
+	other := cookieClient(t)
+	signIn(t, other, br.url, adminKey)
+	openStream(t, other, br.url).overview(t, func(console.Overview) bool { return true })
+}
+
 // TestDrainEndsEventStreams: a draining broker ends the console's streams,
 // which would otherwise hold an HTTP server's graceful shutdown until its
 // deadline.

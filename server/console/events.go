@@ -57,6 +57,9 @@ func (c *Console) overview(ctx context.Context) Overview {
 	return o
 }
 
+// MaxStreams bounds the event streams one session keeps open (a tab each).
+const MaxStreams = 8
+
 // minGap is the least time between two snapshots of one stream.
 const minGap = 200 * time.Millisecond
 
@@ -82,6 +85,13 @@ func (c *Console) events(ctx *gin.Context) {
 	if s == nil {
 		return
 	}
+	if s.streams.Add(1) > MaxStreams {
+		s.streams.Add(-1)
+		c.fail(ctx, &cheetah.Error{Code: cheetah.CodeRateLimited,
+			Message: fmt.Sprintf("a session may keep at most %d event streams open", MaxStreams)})
+		return
+	}
+	defer s.streams.Add(-1)
 	wake, stop := c.watch()
 	defer stop()
 	w := ctx.Writer

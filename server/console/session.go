@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -41,6 +42,7 @@ type session struct {
 	created time.Time
 	seen    time.Time
 	done    chan struct{} // closed when the session ends
+	streams atomic.Int32  // its open event streams
 }
 
 // expiresAt is when s ends unless it is used again.
