@@ -28,7 +28,7 @@ const (
 	DefaultIdleTimeout = 30 * time.Minute
 	DefaultMaxAge      = 12 * time.Hour
 	// maxSessions bounds the sessions held in memory; signing in beyond it
-	// ends the oldest one.
+	// drops the expired ones, or else ends the oldest one.
 	maxSessions = 1024
 )
 
@@ -61,9 +61,18 @@ type sessions struct {
 	byID map[string]*session
 }
 
-func (t *sessions) add(s *session) {
+// add holds s. When the table is full it first drops the sessions that
+// have expired, then, if none had, the oldest.
+func (t *sessions) add(s *session, now time.Time, idle, maxAge time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if len(t.byID) >= maxSessions {
+		for _, o := range t.byID {
+			if !now.Before(o.expiresAt(idle, maxAge)) {
+				t.endLocked(o)
+			}
+		}
+	}
 	if len(t.byID) >= maxSessions {
 		var oldest *session
 		for _, o := range t.byID {
@@ -206,6 +215,6 @@ func (c *Console) signIn(ctx context.Context, secret string) (*session, error) {
 	now := c.clock.Now()
 	s := &session{id: randomToken(), csrf: randomToken(), keyID: key.ID, keyName: key.Name,
 		created: now, seen: now, done: make(chan struct{})}
-	c.sessions.add(s)
+	c.sessions.add(s, now, c.idle, c.maxAge)
 	return s, nil
 }
