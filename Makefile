@@ -89,6 +89,14 @@ test-extension: chromium
 	node --test extension/test/
 	$(GO) test -race -count=1 ./extension/...
 
+# The admin console's tests, three of them in headless chromium. With
+# CONSOLE_SHOTS=<dir> the screenshots they take are kept there
+# (docs/console-overview.png is its wide-overview.png).
+.PHONY: test-console
+CONSOLE_SHOTS ?=
+test-console: chromium
+	CHEETAH_CONSOLE_SCREENSHOTS=$(CONSOLE_SHOTS) $(GO) test -race -count=1 ./server/console/
+
 # The reliability suite's long modes (issue 7; docs/reliability.md lists
 # every test and the figures of the last long run). The quick modes run in
 # `make test`. RELIABILITY_TESTFLAGS adds go test flags (e.g. -race).

@@ -87,6 +87,9 @@ func (s *Server) routes() *gin.Engine {
 	internal.POST("/users/:user_id/clients/:client_id/hand-over", s.checkParams, s.handOver)
 
 	g.NoRoute(func(c *gin.Context) {
+		if s.console.Serve(c) { // the admin console's page, outside the API
+			return
+		}
 		s.fail(c, cheetah.NotFoundf("no route %s %s", c.Request.Method, c.Request.URL.Path))
 	})
 	g.NoMethod(func(c *gin.Context) {
@@ -121,6 +124,18 @@ func (s *Server) readyz(c *gin.Context) {
 // authenticate admits requests whose bearer key is of one of kinds.
 func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 	return func(c *gin.Context) {
+		if c.GetHeader("Authorization") == "" {
+			// The admin console's session cookie stands for the admin key
+			// that signed in (with a CSRF token on every change).
+			if key, ok, err := s.console.Authenticate(c.Request); ok {
+				if err != nil {
+					s.fail(c, err)
+					return
+				}
+				s.admit(c, key, kinds)
+				return
+			}
+		}
 		// The scheme is case-insensitive (RFC 9110 §11.1).
 		scheme, token, ok := strings.Cut(c.GetHeader("Authorization"), " ")
 		token = strings.TrimLeft(token, " ")
@@ -137,22 +152,27 @@ func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 			s.fail(c, &cheetah.Error{Code: cheetah.CodeUnauthorized, Message: "the key is not valid"})
 			return
 		}
-		for _, k := range kinds {
-			if key.Kind == k {
-				c.Set(keyCtx, key)
-				s.rateLimit(c)
-				if !c.IsAborted() {
-					c.Next()
-				}
-				return
-			}
-		}
-		article := "a" // a client key; an app or admin key
-		if key.Kind == auth.App || key.Kind == auth.Admin {
-			article = "an"
-		}
-		s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: fmt.Sprintf("%s %s key may not do this", article, key.Kind)})
+		s.admit(c, key, kinds)
 	}
+}
+
+// admit lets the request of key through when key is of one of kinds.
+func (s *Server) admit(c *gin.Context, key auth.Key, kinds []auth.Kind) {
+	for _, k := range kinds {
+		if key.Kind == k {
+			c.Set(keyCtx, key)
+			s.rateLimit(c)
+			if !c.IsAborted() {
+				c.Next()
+			}
+			return
+		}
+	}
+	article := "a" // a client key; an app or admin key
+	if key.Kind == auth.App || key.Kind == auth.Admin {
+		article = "an"
+	}
+	s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: fmt.Sprintf("%s %s key may not do this", article, key.Kind)})
 }
 
 var statusOf = map[string]int{

@@ -203,7 +203,10 @@ func (s *Server) recoverPanic(c *gin.Context) {
 // the commands in flight finish: /readyz answers 503 and new client
 // connections are refused with 503 (the registry, drained too, refuses
 // acquires and sends). Connected clients stay, to finish what they run.
-func (s *Server) Drain() { s.draining.Store(true) }
+func (s *Server) Drain() {
+	s.draining.Store(true)
+	s.console.Close() // its event streams would hold an HTTP server's shutdown
+}
 
 // errDraining answers what a draining broker no longer takes.
 var errDraining = &cheetah.Error{Code: cheetah.CodeOverloaded, Message: "the broker is shutting down"}

@@ -27,6 +27,7 @@ import (
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
+	"github.com/cheetahbroker/cheetah/server/console"
 	"github.com/cheetahbroker/cheetah/server/webhook"
 )
 
@@ -143,7 +144,8 @@ type Server struct {
 	clock clockwork.Clock
 	gin   *gin.Engine
 
-	keyLimits *keyLimits // nil when unlimited
+	console   *console.Console // the admin console at /ui/
+	keyLimits *keyLimits       // nil when unlimited
 	tel       *instruments
 	draining  atomic.Bool
 	// pendingHellos counts connections accepted and not yet past hello.
@@ -189,6 +191,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.peerClient = &http.Client{Transport: t}
 	}
+	s.console = console.New(console.Config{Registry: cfg.Registry, Keys: cfg.Keys, Clock: cfg.Clock, Fail: s.fail})
 	s.gin = s.routes()
 	return s, nil
 }
@@ -232,6 +235,7 @@ func (s *Server) untrack(sess *session) {
 // Shutdown closes every client with 1001 and waits for their sessions to
 // end, or for ctx.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.console.Close()
 	s.mu.Lock()
 	s.closing = true
 	for sess := range s.sessions {

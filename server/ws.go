@@ -635,6 +635,7 @@ func (s *session) handle(ctx context.Context, f protocol.Frame) bool {
 			return true
 		}
 		s.srv.reg.Report(s.att, f.Contexts)
+		s.srv.console.Changed() // the registry emits no event for a state report
 	case *protocol.Ping:
 		s.Send(&protocol.Pong{})
 	case *protocol.Pong:

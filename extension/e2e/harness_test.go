@@ -7,7 +7,6 @@ import (
 	"html"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,27 +21,15 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/extension/internal/pack"
+	"github.com/cheetahbroker/cheetah/internal/browsertest"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
 const userID = "usr_e2e"
 
-// chromiumPath is Debian's chromium, or $CHEETAH_CHROMIUM. The test fails
-// rather than skips without it: a browser test that quietly does not run is
-// a test nobody notices is missing.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	p := os.Getenv("CHEETAH_CHROMIUM")
-	if p == "" {
-		p = "/usr/bin/chromium"
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("no chromium at %s (%v): `make test` installs Debian's chromium through scripts/ensure-chromium; "+
-			"or run scripts/ensure-chromium, or set CHEETAH_CHROMIUM", p, err)
-	}
-	return p
-}
+// chromiumPath is Debian's chromium, or $CHEETAH_CHROMIUM.
+var chromiumPath = browsertest.ChromiumPath
 
 // logWriter sends lines to t.Log until the test ends; the browser and the
 // broker go on writing a little after that.
@@ -105,7 +92,7 @@ func (e *env) startBroker() {
 	t := e.t
 	lw := &logWriter{t: t, prefix: "broker: "}
 	t.Cleanup(lw.stop)
-	b, err := server.Open(e.ctx, server.Options{
+	b, url := browsertest.Broker(t, server.Options{
 		DataDir: t.TempDir(),
 		// Long enough that the service-worker restart below always fits,
 		// however slowly the watchdog alarm wakes it.
@@ -113,29 +100,12 @@ func (e *env) startBroker() {
 		LoopbackOnly:   true,
 		Log:            slog.New(slog.NewTextHandler(lw, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: b.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Close(ctx); err != nil {
-			t.Errorf("close broker: %v", err)
-		}
-		hs.Close()
-	})
 	key, err := b.Keys.Create(e.ctx, auth.Client, userID, "e2e browser")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.b, e.mgr = b, b.Manager()
-	e.brokerURL = "http://" + ln.Addr().String()
+	e.brokerURL = url
 	e.clientKey = key.Secret
 }
 
@@ -296,25 +266,14 @@ func (e *env) startBrowser(chromium, ext string) {
 	lw := &logWriter{t: t, prefix: "chromium: "}
 	t.Cleanup(lw.stop)
 	// chromedp's default options disable extensions, so the flags are our own.
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium),
-		chromedp.UserDataDir(profile),
-		chromedp.Flag("headless", "new"),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
+	opts := append(browsertest.Flags(chromium, profile),
 		chromedp.Flag("disable-extensions-except", ext),
 		chromedp.Flag("load-extension", ext),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("no-default-browser-check", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("disable-features", "DisableLoadExtensionCommandLineSwitch,Translate"),
 		chromedp.Flag("window-size", "1280,800"),
 		chromedp.CombinedOutput(lw),
 		chromedp.Env("HOME="+e.home, "XDG_DOWNLOAD_DIR="+filepath.Join(e.home, "Downloads")),
-	}
+	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
 	browser, cancelBrowser := chromedp.NewContext(allocCtx)
@@ -447,25 +406,9 @@ func (e *env) client() (clientID, sessionID string, connected bool) {
 	return "", "", false
 }
 
-// eventually polls cond until it holds or timeout passes. It is used only
-// where the test waits on the browser, whose progress sends no signal to
-// the test.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		select {
-		case <-tick.C:
-		case <-t.Context().Done():
-			t.Fatalf("test ended waiting for %s", what)
-		}
-	}
-}
+// eventually polls cond until it holds or timeout passes (the browser's
+// progress sends no signal to the test).
+var eventually = browsertest.Eventually
 
 // errorCode is a command's error code from its resolution, or "".
 func errorCode(res cheetah.Resolution) string {

@@ -41,6 +41,9 @@ const BootstrapID = "bootstrap"
 
 const prefix = "chk_"
 
+// bootstrapKey describes the key given by CHEETAH_ADMIN_KEY.
+var bootstrapKey = Key{ID: BootstrapID, Kind: Admin, Name: "CHEETAH_ADMIN_KEY"}
+
 // Key describes a key, never its secret.
 type Key struct {
 	ID        string     `json:"id"`
@@ -145,7 +148,7 @@ func (k *Keys) Verify(ctx context.Context, token string) (Key, error) {
 	if k.bootstrap != nil {
 		h := sha256.Sum256([]byte(token))
 		if subtle.ConstantTimeCompare(h[:], k.bootstrap) == 1 {
-			return Key{ID: BootstrapID, Kind: Admin, Name: "CHEETAH_ADMIN_KEY"}, nil
+			return bootstrapKey, nil
 		}
 	}
 	id, secret, ok := strings.Cut(strings.TrimPrefix(token, prefix), "_")
@@ -192,6 +195,26 @@ func (k *Keys) get(ctx context.Context, id string) (history.Key, error) {
 	k.cache[id] = rec
 	k.mu.Unlock()
 	return rec, nil
+}
+
+// Active returns the key with id while it is active (not revoked), or an
+// unauthorized error. The console uses it to end the sessions of a key that
+// was revoked after it signed in.
+func (k *Keys) Active(ctx context.Context, id string) (Key, error) {
+	if id == BootstrapID {
+		if k.bootstrap == nil {
+			return Key{}, cheetah.ErrUnauthorized
+		}
+		return bootstrapKey, nil
+	}
+	rec, err := k.get(ctx, id)
+	if err != nil {
+		return Key{}, err
+	}
+	if rec.RevokedAt != nil {
+		return Key{}, cheetah.ErrUnauthorized
+	}
+	return toKey(rec), nil
 }
 
 // WebhookSecret returns the webhook secret of an app or admin key.

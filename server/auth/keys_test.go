@@ -160,3 +160,31 @@ func TestUnknownKeyIDsSpareTheStore(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, c.ID, got.ID)
 }
+
+// TestActive: a key's id answers while the key is active, and not once it
+// is revoked or was never made; the bootstrap id answers only when the
+// environment gave an admin key.
+func TestActive(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	k := setup(t, "the-bootstrap-admin-key")
+	c, err := k.Create(ctx, auth.Admin, "", "operator")
+	require.NoError(t, err)
+	got, err := k.Active(ctx, c.ID)
+	require.NoError(t, err)
+	require.Equal(t, auth.Admin, got.Kind)
+	require.Equal(t, "operator", got.Name)
+	boot, err := k.Active(ctx, auth.BootstrapID)
+	require.NoError(t, err)
+	require.Equal(t, auth.Admin, boot.Kind)
+
+	ok, err := k.Revoke(ctx, c.ID)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = k.Active(ctx, c.ID)
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+	_, err = k.Active(ctx, "ffffffffffff")
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized)
+	_, err = setup(t, "").Active(ctx, auth.BootstrapID)
+	require.ErrorIs(t, err, cheetah.ErrUnauthorized, "no bootstrap key without CHEETAH_ADMIN_KEY")
+}
