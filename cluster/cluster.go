@@ -332,6 +332,11 @@ func (m *Member) fence() {
 // another. Never logged.
 const PeerHeader = "Cheetah-Peer"
 
+// PeerKeyHeader names, on a signed request, the API key the passing
+// replica authenticated the caller with (by id): the receiver takes it as
+// authenticated, as it cannot check the caller's console session.
+const PeerKeyHeader = "Cheetah-Peer-Key"
+
 // peerSkew bounds how far a signed request's time may be from the
 // receiver's: a captured request cannot be replayed later than this.
 const peerSkew = 30 * time.Second
@@ -372,7 +377,7 @@ func (m *Member) Verify(req *http.Request) (string, bool, error) {
 
 func (m *Member) mac(id, ts string, req *http.Request) string {
 	h := hmac.New(sha256.New, m.secret)
-	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease")} {
+	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader)} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
@@ -124,6 +125,16 @@ func (s *Server) readyz(c *gin.Context) {
 // authenticate admits requests whose bearer key is of one of kinds.
 func (s *Server) authenticate(kinds ...auth.Kind) gin.HandlerFunc {
 	return func(c *gin.Context) {
+		if keyID := c.GetHeader(cluster.PeerKeyHeader); keyID != "" && fromPeer(c) {
+			// Another replica authenticated the caller (server/cluster.go).
+			key, err := s.keys.Active(c.Request.Context(), keyID)
+			if err != nil {
+				s.fail(c, &cheetah.Error{Code: cheetah.CodeUnauthorized, Message: "the key is not valid"})
+				return
+			}
+			s.admit(c, key, kinds)
+			return
+		}
 		if c.GetHeader("Authorization") == "" {
 			// The admin console's session cookie stands for the admin key
 			// that signed in (with a CSRF token on every change).

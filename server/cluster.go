@@ -19,6 +19,7 @@ import (
 	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/server/auth"
 )
 
 // The replicas of one PostgreSQL (DESIGN §9) answer every route alike. A
@@ -271,6 +272,10 @@ func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 		return
 	}
 	copyHeaders(req.Header, c.Request.Header)
+	req.Header.Del(cluster.PeerKeyHeader) // the caller's own says nothing
+	for h := callerHeaders(c); len(h) > 1; h = h[2:] {
+		req.Header.Set(h[0], h[1])
+	}
 	req.ContentLength = c.Request.ContentLength
 	s.cfg.Cluster.Sign(req)
 	resp, err := s.peerClient.Do(req)
@@ -339,7 +344,18 @@ type peerAnswer struct {
 // method and path given, and body. It returns nil when the peer did not
 // answer.
 func (s *Server) ask(ctx context.Context, c *gin.Context, p cluster.Peer, method, uri string, body []byte, headers ...string) *peerAnswer {
-	return s.askPeer(ctx, p, method, uri, body, append(headers, "Authorization", c.GetHeader("Authorization")))
+	return s.askPeer(ctx, p, method, uri, body, append(headers, callerHeaders(c)...))
+}
+
+// callerHeaders say who the caller is to another replica: its key, and the
+// id of the key this replica authenticated it with (a console session has
+// no key to pass on).
+func callerHeaders(c *gin.Context) []string {
+	h := []string{"Authorization", c.GetHeader("Authorization")}
+	if k, ok := c.Get(keyCtx); ok {
+		h = append(h, cluster.PeerKeyHeader, k.(auth.Key).ID)
+	}
+	return h
 }
 
 // askPeer sends one request of this replica's own to peer, with headers

@@ -11,6 +11,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/remote"
@@ -360,9 +361,11 @@ func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
 	front.Heal()
 	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 20*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		for _, p := range rs[1].Broker.Cluster.Peers() {
-			if p.ID == lost {
-				return false
+		for _, r := range rs[1:] {
+			for _, p := range r.Broker.Cluster.Peers() {
+				if p.ID == lost {
+					return false
+				}
 			}
 		}
 		return rs[1].Broker.Registry.Holds(l.LeaseToken)
@@ -393,4 +396,28 @@ func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
 	var leases struct{ Leases []cheetah.Lease }
 	require.NoError(t, rs[2].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/leases", nil, &leases))
 	require.Len(t, leases.Leases, 1, "held once")
+}
+
+// A replica passes on the key it authenticated the caller with (a console
+// session has none to pass): the receiver takes it when the request is
+// signed, and ignores it when not.
+func TestClusterPeerKeyNeedsASignature(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	k, err := rs[0].Broker.Keys.Create(context.Background(), auth.Admin, "", "peer-key-test")
+	require.NoError(t, err)
+	get := func(sign bool) int {
+		req, err := http.NewRequest("GET", rs[1].URL+"/api/v1/admin/pools", nil)
+		require.NoError(t, err)
+		req.Header.Set(cluster.PeerKeyHeader, k.ID)
+		if sign {
+			rs[0].Broker.Cluster.Sign(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, get(true))
+	require.Equal(t, http.StatusUnauthorized, get(false))
 }
