@@ -41,6 +41,7 @@ func (r *Registry) Drain() {
 		}
 		p.waiters.Init()
 	}
+	r.quotas.waiters.Init()
 }
 
 // WaitIdle waits until no command is in flight, or ctx ends. It is for

@@ -69,6 +69,8 @@ type wctx struct {
 	inflight int
 	// ident names it in the memory of ended leases (made on first use).
 	ident *ctxIdent
+	// affinityKey is the affinity key of its last lease ("" for none).
+	affinityKey string
 }
 
 func (r *Registry) poolFor(userID string) *pool {
@@ -146,9 +148,9 @@ func (r *Registry) refreshIdle(w *wctx) {
 	now := r.clock.Now()
 	for e := p.waiters.Front(); e != nil; e = e.Next() {
 		wt := e.Value.(*waiter)
-		if w.matches(&wt.req) {
-			p.waiters.Remove(e)
-			wt.elem = nil
+		if w.matches(&wt.req) && r.quotaAdmit(wt.l, &wt.req) == nil {
+			r.unwait(wt)
+			wt.l.affinity = affinityOf(w, &wt.req)
 			l, err := r.assign(w, &wt.req, wt.l, wt.token, now)
 			wt.ch <- acquireResult{lease: l, err: err}
 			if err == nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -17,6 +18,7 @@ import (
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 // Store is what the registry needs of the durable history. The registry
@@ -182,6 +184,11 @@ type Registry struct {
 	draining bool
 	idle     chan struct{}
 
+	// quotas are the quota funnel's caps and slots (quotas.go); qset is
+	// quotas.set, read off the lock.
+	quotas quotaState
+	qset   atomic.Pointer[quota.Set]
+
 	// after acts on what was decided under r.mu: the outbox of writes and
 	// the queue of events (outbox.go).
 	after afterLock
@@ -278,6 +285,7 @@ func (r *Registry) Close() {
 			wt.ch <- acquireResult{err: shutdown}
 		}
 		p.waiters.Init()
+		r.quotas.waiters.Init()
 		for _, c := range p.clients {
 			if c.grace != nil {
 				c.grace.Stop()
@@ -338,6 +346,9 @@ func (r *Registry) Close() {
 type Stats struct {
 	Clients, Contexts, Leases, Heap, Commands, Waiters, Preserving int
 	Ended, Finished                                                int
+	// Slots counts the quota slots in use, every level and scope of every
+	// quota (quotas.go), and QuotaWaiters the waiting acquires quotas govern.
+	Slots, QuotaWaiters int
 }
 
 // Stats returns the current counts.
@@ -356,6 +367,7 @@ func (r *Registry) Stats() Stats {
 	for _, l := range r.leases {
 		s.Preserving += l.preserve
 	}
+	s.Slots, s.QuotaWaiters = r.quotas.slots(), r.quotas.waiters.Len()
 	return s
 }
 
