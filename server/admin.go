@@ -53,7 +53,7 @@ func (s *Server) createKey(c *gin.Context) {
 	if !s.bind(c, &b) {
 		return
 	}
-	created, err := s.keys.Create(c.Request.Context(), auth.Kind(b.Kind), b.UserID, b.Name)
+	created, err := s.keys.Make(c.Request.Context(), auth.Spec{Kind: auth.Kind(b.Kind), UserID: b.UserID, TenantID: b.TenantID, Name: b.Name})
 	if err != nil {
 		s.fail(c, err)
 		return
