@@ -20,6 +20,8 @@ func (s *Server) adminRoutes(admin *gin.RouterGroup) {
 	admin.GET("/leases", s.leases)
 	admin.POST("/users/:user_id/clients/:client_id/contexts/:context_id/revoke", s.revoke)
 	admin.DELETE("/users/:user_id/clients/:client_id", s.disconnect)
+	admin.GET("/quotas", s.quotas)
+	admin.POST("/quotas/reload", s.reloadQuotas)
 }
 
 func (s *Server) pools(c *gin.Context) {

@@ -86,6 +86,9 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Metrics serves GET /metrics (Prometheus text); nil answers 404.
 	Metrics http.Handler
+	// Quotas is the quota file POST /api/v1/admin/quotas/reload reads
+	// again; nil when the broker runs without one.
+	Quotas *QuotaFile
 }
 
 func (c *Config) fill() {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -42,6 +43,7 @@ type serveCmd struct {
 	AdminKey         string        `name:"admin-key" env:"CHEETAH_ADMIN_KEY" help:"An admin key to accept; when unset and none exists, one is made and printed once."`
 	TLSCert          string        `name:"tls-cert" and:"tls" type:"path" help:"PEM certificate (chain) file: serve HTTPS and wss:// on --listen; reloaded when it changes. Needs --tls-key."`
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
+	QuotaFile        string        `name:"quota-file" env:"CHEETAH_QUOTA_FILE" type:"path" help:"YAML file of quota caps (global, tenant, user); reloaded on SIGHUP and by POST /api/v1/admin/quotas/reload. A broken file refuses to start."`
 }
 
 // shutdownGrace bounds what a graceful stop does after --shutdown-timeout:
@@ -62,6 +64,12 @@ func (c *serveCmd) Run() error {
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("--shutdown-timeout must not be negative")
+	}
+	// A quota file that does not load fails the start too.
+	if c.QuotaFile != "" {
+		if _, err := quota.Load(c.QuotaFile); err != nil {
+			return err
+		}
 	}
 	// A certificate that does not load fails the start, before anything else.
 	var certs *server.CertReloader
@@ -134,7 +142,7 @@ func (c *serveCmd) Run() error {
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
-		HistoryRetention: c.HistoryRetention, Listen: c.Listen,
+		HistoryRetention: c.HistoryRetention, Listen: c.Listen, QuotaFile: c.QuotaFile,
 	}, server.DefaultRetry)
 	if err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
@@ -164,6 +172,9 @@ func (c *serveCmd) Run() error {
 	if secret != "" {
 		// Shown once, on the terminal, never through the logger.
 		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
+	}
+	if b.Quotas != nil {
+		defer b.Quotas.ReloadOnSIGHUP()()
 	}
 	front.Ready(b.Server.Handler())
 	scheme := "http"
