@@ -398,3 +398,46 @@ func TestQuotaNeverAboveCap(t *testing.T) {
 	require.Empty(t, violations)
 	require.Zero(t, g)
 }
+
+func TestAffinity(t *testing.T) {
+	e := setup(t)
+	e.connect("c1", cheetah.Console, nil, worker("a"), worker("b"), worker("c"))
+	withKey := func(k string) func(*cheetah.AcquireRequest) {
+		return func(r *cheetah.AcquireRequest) { r.AffinityKey = k }
+	}
+	// No context carried the key yet: the default selection, a miss.
+	l := e.mustAcquire("t", withKey("shop-login"))
+	require.Equal(t, "a", l.ContextID)
+	require.NotNil(t, l.AffinityHit)
+	require.False(t, *l.AffinityHit)
+	_, _ = e.reg.Release(context.Background(), l)
+	// a is now idle the shortest; the key still finds it.
+	l = e.mustAcquire("t", withKey("shop-login"))
+	require.Equal(t, "a", l.ContextID)
+	require.True(t, *l.AffinityHit)
+	// Miss while the context is leased: the default selection (b).
+	l2 := e.mustAcquire("t", withKey("shop-login"))
+	require.Equal(t, "b", l2.ContextID)
+	require.False(t, *l2.AffinityHit)
+	_, _ = e.reg.Release(context.Background(), l2)
+	_, _ = e.reg.Release(context.Background(), l)
+	// Both a and b last carried the key: the one idle longer wins (b).
+	l = e.mustAcquire("t", withKey("shop-login"))
+	require.Equal(t, "b", l.ContextID)
+	require.True(t, *l.AffinityHit)
+	_, _ = e.reg.Release(context.Background(), l)
+	// A lease without a key clears what the context's last lease carried.
+	plain := e.mustAcquire("t", func(r *cheetah.AcquireRequest) { r.ClientID = "c1"; r.Labels = nil })
+	require.Equal(t, "c", plain.ContextID)
+	require.Nil(t, plain.AffinityHit, "no key, no affinity_hit")
+	_, _ = e.reg.Release(context.Background(), plain)
+	// Miss after the context is gone: a and b leave the state report.
+	c := e.connect("c1", cheetah.Console, nil, worker("c"), worker("d"))
+	_ = c
+	l = e.mustAcquire("t", withKey("shop-login"))
+	require.False(t, *l.AffinityHit)
+	require.Equal(t, "c", l.ContextID)
+	// Too long a key is refused.
+	_, err := e.acquire("t", withKey(string(make([]rune, cheetah.MaxAffinityKeyLen+1))))
+	require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
+}
