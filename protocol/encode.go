@@ -248,6 +248,7 @@ func (f *State) encode(w *writer) {
 		w.optStr("url", c.URL)
 		w.optStr("title", c.Title)
 		w.labels("labels", c.Labels)
+		w.optStr("request_id", c.RequestID)
 		w.end()
 	}
 	w.buf = append(w.buf, ']')
@@ -325,6 +326,17 @@ func (f *Assignment) encode(w *writer) {
 
 func (*Pong) encode(*writer) {}
 
+func (f *CreateContext) encode(w *writer) {
+	w.str("request_id", f.RequestID)
+	w.optStr("url", f.URL)
+}
+
+func (f *CreateFailed) encode(w *writer) {
+	w.str("request_id", f.RequestID)
+	w.str("code", string(f.Code))
+	w.optStr("message", strings.ReplaceAll(f.Message, "\x00", "\uFFFD"))
+}
+
 // MarshalJSON makes encoding/json (and anything built on it, such as a
 // WebSocket library's JSON helper) write the frame as Encode does, with its
 // type. Prefer Encode: encoding/json compacts opaque fields afterwards.
@@ -368,3 +380,9 @@ func (f Assignment) MarshalJSON() ([]byte, error) { return Encode(&f) }
 
 // MarshalJSON is explained at Hello.MarshalJSON.
 func (f Pong) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f CreateContext) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f CreateFailed) MarshalJSON() ([]byte, error) { return Encode(&f) }
