@@ -135,6 +135,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	r.mu.Lock()
 	var p *pool
 	var deadline time.Time // of the wait for epochs, once one was needed
+	quotaFull := false
 	for {
 		if r.draining {
 			r.mu.Unlock()
@@ -147,6 +148,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 				r.mu.Unlock()
 				return cheetah.Lease{}, qerr
 			}
+			quotaFull = true
 			break
 		}
 		w := r.pickIdle(p, req, nl)
@@ -161,6 +163,10 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		}
 		r.mu.Unlock()
 		return l, err
+	}
+	if req.Create != nil && !quotaFull {
+		// Nothing idle: a client is asked to open a context (create.go).
+		return r.startCreation(ctx, p, req, nl, token)
 	}
 	if req.Wait <= 0 {
 		err := r.miss(p, req, nl)

@@ -47,6 +47,10 @@ type client struct {
 	notices *Notices
 	// nconn is conn as a NoticeConn, when it is one (nil otherwise).
 	nconn NoticeConn
+	// maxContexts is its hello's capacity.max_contexts (0: it opens none
+	// on request), and creating the create_context requests it has not
+	// answered (create.go).
+	maxContexts, creating int
 }
 
 // wctx is a worker context: a tab or a console flow.

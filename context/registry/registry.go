@@ -187,6 +187,9 @@ type Registry struct {
 	// quotas are the quota funnel's caps and slots (quotas.go); qset is
 	// quotas.set, read off the lock.
 	quotas quotaState
+	// creations are the create_context requests waiting for their
+	// context, by request id (create.go).
+	creations map[string]*creation
 	qset   atomic.Pointer[quota.Set]
 
 	// after acts on what was decided under r.mu: the outbox of writes and
@@ -286,6 +289,7 @@ func (r *Registry) Close() {
 		}
 		p.waiters.Init()
 		r.quotas.waiters.Init()
+		r.failCreations(nil, shutdown)
 		for _, c := range p.clients {
 			if c.grace != nil {
 				c.grace.Stop()
@@ -349,6 +353,8 @@ type Stats struct {
 	// Slots counts the quota slots in use, every level and scope of every
 	// quota (quotas.go), and QuotaWaiters the waiting acquires quotas govern.
 	Slots, QuotaWaiters int
+	// Creations counts the create_context requests waiting for a context.
+	Creations int
 }
 
 // Stats returns the current counts.
@@ -367,7 +373,7 @@ func (r *Registry) Stats() Stats {
 	for _, l := range r.leases {
 		s.Preserving += l.preserve
 	}
-	s.Slots, s.QuotaWaiters = r.quotas.slots(), r.quotas.waiters.Len()
+	s.Slots, s.QuotaWaiters, s.Creations = r.quotas.slots(), r.quotas.waiters.Len(), len(r.creations)
 	return s
 }
 
