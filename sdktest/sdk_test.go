@@ -81,6 +81,7 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 			return makeKey(t, b, auth.Client, userID)
 		},
 		Revoke: b.Registry.Revoke,
+		PendingCreations: func() int { return b.Registry.Stats().Creations },
 		Disconnect: func(userID, clientID string) bool {
 			return b.Registry.DisconnectClient(userID, clientID, protocol.CloseForbidden, "disconnected by the test")
 		},

@@ -88,6 +88,8 @@ var scenarios = []scenario{
 	{"HistoryList", historyList},
 	{"PayloadLimits", payloadLimits},
 	{"CallbackToPrivateAddress", callbackToPrivateAddress},
+	{"CreateContext", createContext},
+	{"CreateFailures", createFailures},
 }
 
 // ---- helpers ----

@@ -62,6 +62,11 @@ func (r *Registry) startCreation(ctx context.Context, p *pool, req *cheetah.Acqu
 	var cause error = errCreationTimeout
 	select {
 	case res := <-cr.ch:
+		if ctx.Err() != nil && res.err == nil {
+			// Settled as the caller went away: nobody would learn of it.
+			_, _ = r.Release(context.WithoutCancel(ctx), res.lease)
+			return cheetah.Lease{}, ctx.Err()
+		}
 		return res.lease, res.err
 	case <-t.Chan():
 	case <-ctx.Done():
