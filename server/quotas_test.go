@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -167,4 +169,41 @@ func TestPlacementValidation(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
 		require.Equal(t, "invalid_request", env.Error.Code)
 	}
+}
+
+// The quota metrics: acquires refused by level, occupancy per quota and
+// level, and never a user or tenant id in a label.
+func TestQuotaMetrics(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "quotas.yaml")
+	writeFile(t, path, "quotas: [{name: consoles, match: {client_type: console}, levels: {global: 5, user: 1}}]\n")
+	b := openBroker(t, server.Options{QuotaFile: path})
+	b.connectAgent("agent-1", "flow-1", "flow-2")
+	mgr := remote.New(b.http.URL, b.appKey)
+	ctx := context.Background()
+	_, err := mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "q", ClientType: cheetah.Console, TenantID: "acme"})
+	require.NoError(t, err)
+	_, err = mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "q", ClientType: cheetah.Console, TenantID: "acme"})
+	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable)
+	s := b.scrape()
+	require.EqualValues(t, 1, s.value("cheetah_acquires_total", "outcome", "no_context_available", "reason", "quota_exceeded", "quota_level", "user"))
+	require.EqualValues(t, 1, s.value("cheetah_quota_used", "quota", "consoles", "quota_level", "global"))
+	require.EqualValues(t, 1, s.value("cheetah_quota_used", "quota", "consoles", "quota_level", "user"))
+	require.EqualValues(t, 1, s.value("cheetah_quota_full_scopes", "quota", "consoles", "quota_level", "user"))
+	require.Zero(t, s.value("cheetah_quota_full_scopes", "quota", "consoles", "quota_level", "global"))
+	resp, err := http.Get(b.http.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for name, text := range map[string]string{"user": user, "tenant": "acme"} {
+		require.NotContains(t, string(raw), `"`+text+`"`, "no %s id in a label", name)
+	}
+}
+
+func TestBrokenQuotaFileRefusesToOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "quotas.yaml")
+	writeFile(t, path, "quotas: [{name: q, levels: {user: 1}, extra: 1}]\n")
+	_, err := server.Open(context.Background(), server.Options{DataDir: t.TempDir(), QuotaFile: path})
+	require.ErrorContains(t, err, "extra")
 }

@@ -296,3 +296,41 @@ func (q *quotaState) slots() int {
 	}
 	return n
 }
+
+// quotaGauge is one quota level's occupancy, for the metrics.
+type quotaGauge struct {
+	quota, level string
+	used, full   int // used: the fullest scope's; full: scopes at their cap
+}
+
+// quotaGauges reads the occupancy of every quota level, once per metrics
+// collection, never on a request's path.
+func (r *Registry) quotaGauges() []quotaGauge {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := &r.quotas
+	out := make([]quotaGauge, 0, 3*q.set.Len())
+	for i := 0; i < q.set.Len(); i++ {
+		qt, u := q.set.Quotas[i], &q.uses[i]
+		g := quotaGauge{quota: qt.Name, level: string(quota.Global), used: u.global}
+		if qt.Caps.Global > 0 && u.global >= qt.Caps.Global {
+			g.full = 1
+		}
+		t := quotaGauge{quota: qt.Name, level: string(quota.Tenant)}
+		for tenant, n := range u.tenants {
+			t.used = max(t.used, n)
+			if c := qt.CapsFor(tenant).Tenant; c > 0 && n >= c {
+				t.full++
+			}
+		}
+		us := quotaGauge{quota: qt.Name, level: string(quota.User)}
+		for s, n := range u.users {
+			us.used = max(us.used, n)
+			if c := qt.CapsFor(s.tenant).User; c > 0 && n >= c {
+				us.full++
+			}
+		}
+		out = append(out, us, t, g)
+	}
+	return out
+}
