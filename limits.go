@@ -148,8 +148,8 @@ func CheckLabels(field string, m map[string]string) error {
 // CheckPlacement reports an invalid_request error unless the placement
 // members of an acquire (DESIGN §10) are within their limits: tenant_id an
 // id, affinity_key at most MaxAffinityKeyLen characters, create's URL at
-// most MaxCreateURLLen bytes and its timeout from 1 ms to MaxCreateTimeout
-// (zero is the default). It fills the create timeout's default.
+// most MaxCreateURLLen bytes and its timeout at most MaxCreateTimeout (zero
+// is the default; over HTTP it is whole milliseconds, rounded up). It fills the create timeout's default.
 func CheckPlacement(req *AcquireRequest) error {
 	if req.TenantID != "" {
 		if err := CheckID("tenant_id", req.TenantID); err != nil {
@@ -171,7 +171,7 @@ func CheckPlacement(req *AcquireRequest) error {
 		switch {
 		case c.Timeout == 0:
 			c.Timeout = DefaultCreateTimeout
-		case c.Timeout < time.Millisecond || c.Timeout > MaxCreateTimeout:
+		case c.Timeout < 0 || c.Timeout > MaxCreateTimeout:
 			return Invalidf("%s", MsgCreateTimeout)
 		}
 	}

@@ -96,3 +96,53 @@ func createFailures(s *suite) {
 	c.conn.CloseNow()
 	require.Equal(s.t, cheetah.ReasonCreationFailed, noContextReason(s.t, s.outcome(res).err, "dropped"))
 }
+
+// affinity: the key finds the context its last lease carried, and says so.
+func affinity(s *suite) {
+	s.agent(userA, "agent-1", 2, nil)
+	h := s.acquire(cheetah.AcquireRequest{TaskID: "a", AffinityKey: "shop"})
+	require.NotNil(s.t, h.Lease().AffinityHit)
+	require.False(s.t, *h.Lease().AffinityHit)
+	first := h.Lease().ContextID
+	_, err := s.m.Release(s.ctx, h)
+	require.NoError(s.t, err)
+	h = s.acquire(cheetah.AcquireRequest{TaskID: "a", AffinityKey: "shop"})
+	require.True(s.t, *h.Lease().AffinityHit)
+	require.Equal(s.t, first, h.Lease().ContextID, "not the context idle longest: the one the key names")
+	// Leased: a miss, the other context.
+	h2 := s.acquire(cheetah.AcquireRequest{TaskID: "a", AffinityKey: "shop"})
+	require.False(s.t, *h2.Lease().AffinityHit)
+	require.NotEqual(s.t, first, h2.Lease().ContextID)
+}
+
+// quotaExceededAndWait: a full level says which, with its count and cap;
+// a waiting acquire gets the slot once it frees.
+func quotaExceededAndWait(s *suite) {
+	s.env.SetQuotas(s.t, "quotas: [{name: consoles, match: {client_type: console}, levels: {global: 4, user: 1}}]")
+	s.agent(userA, "agent-1", 2, nil)
+	h := s.acquire(cheetah.AcquireRequest{TaskID: "q", TenantID: "acme"})
+	require.Equal(s.t, "acme", h.Lease().TenantID)
+	_, err := s.m.Acquire(s.ctx, cheetah.AcquireRequest{UserID: userA, TaskID: "q", ClientType: cheetah.Console, TenantID: "acme"})
+	require.Equal(s.t, cheetah.ReasonQuotaExceeded, noContextReason(s.t, err, "user level full"))
+	var nc *cheetah.NoContextError
+	require.ErrorAs(s.t, err, &nc)
+	require.Equal(s.t, &cheetah.QuotaFull{Quota: "consoles", Level: "user", Used: 1, Cap: 1}, nc.Quota)
+	// Another tenant is another scope.
+	other := s.acquire(cheetah.AcquireRequest{TaskID: "q", TenantID: "other"})
+	_, err = s.m.Release(s.ctx, other)
+	require.NoError(s.t, err)
+
+	res := make(chan acquireOutcome, 1)
+	go func() {
+		h, err := s.m.Acquire(s.ctx, cheetah.AcquireRequest{UserID: userA, TaskID: "q", ClientType: cheetah.Console,
+			TenantID: "acme", Wait: time.Minute})
+		res <- acquireOutcome{h, err}
+	}()
+	// The waiter cannot be seen from here; a release before it waits
+	// serves it as well (the slot is free when it arrives).
+	_, err = s.m.Release(s.ctx, h)
+	require.NoError(s.t, err)
+	o := s.outcome(res)
+	require.NoError(s.t, o.err)
+	require.Equal(s.t, "acme", o.h.Lease().TenantID)
+}

@@ -34,6 +34,8 @@ type Env struct {
 	// waiting for their context: an abandoned acquire's is gone once the
 	// broker noticed its caller went away.
 	PendingCreations func() int
+	// SetQuotas puts the quota file doc (YAML, DESIGN §10) in force.
+	SetQuotas func(t *testing.T, doc string)
 	// SendToken sends an "echo" command through a bare lease token, the way
 	// the implementation's backend does for a handle. No Handle can carry a
 	// token the broker never issued, so this is how unknown_lease is reached.
