@@ -281,11 +281,15 @@ func (f *Result) encode(w *writer) {
 func (f *Error) encode(w *writer) {
 	w.optStr("command_id", f.CommandID)
 	w.str("code", string(f.Code))
-	// A message is text for people; it may quote what a peer sent, so a
-	// NUL in it is written as U+FFFD, as invalid UTF-8 is, and the frame
-	// stays one that Decode accepts.
-	w.optStr("message", strings.ReplaceAll(f.Message, "\x00", "\uFFFD"))
+	w.message(f.Message)
 	w.raw("data", f.Data)
+}
+
+// message writes an error's message. A message is text for people; it may
+// quote what a peer sent, so a NUL in it is written as U+FFFD, as invalid
+// UTF-8 is, and the frame stays one that Decode accepts.
+func (w *writer) message(m string) {
+	w.optStr("message", strings.ReplaceAll(m, "\x00", "\uFFFD"))
 }
 
 func (*Ping) encode(*writer) {}
@@ -334,7 +338,7 @@ func (f *CreateContext) encode(w *writer) {
 func (f *CreateFailed) encode(w *writer) {
 	w.str("request_id", f.RequestID)
 	w.str("code", string(f.Code))
-	w.optStr("message", strings.ReplaceAll(f.Message, "\x00", "\uFFFD"))
+	w.message(f.Message)
 }
 
 // MarshalJSON makes encoding/json (and anything built on it, such as a

@@ -81,7 +81,7 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 		ClientKey: func(t *testing.T, userID string) string {
 			return makeKey(t, b, auth.Client, userID)
 		},
-		Revoke: b.Registry.Revoke,
+		Revoke:           b.Registry.Revoke,
 		PendingCreations: func() int { return b.Registry.Stats().Creations },
 		SetQuotas: func(t *testing.T, doc string) {
 			qs, err := quota.Parse([]byte(doc))

@@ -87,7 +87,7 @@ type Broker struct {
 	Telemetry *telemetry.Telemetry
 	// Quotas is the quota file, when Options.QuotaFile named one.
 	Quotas *QuotaFile
-	ownTel    bool // Open built Telemetry, so Close shuts it down
+	ownTel bool // Open built Telemetry, so Close shuts it down
 }
 
 // Open opens the store (applying migrations), marks commands left in flight
@@ -175,7 +175,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 	// The worker wakes when a command with a callback ends durably here.
 	reg.Subscribe(hooks.Observe)
 	srv, err := New(Config{
-		Quotas: quotas,
+		Quotas:   quotas,
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,

@@ -4,10 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 
 	"github.com/gin-gonic/gin"
 
@@ -61,25 +58,7 @@ func (f *QuotaFile) Reload() error {
 // ReloadOnSIGHUP makes every SIGHUP the process gets call Reload, until
 // the returned stop is called; stop waits for the goroutine it started.
 func (f *QuotaFile) ReloadOnSIGHUP() (stop func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-hup:
-				_ = f.Reload() // logged
-			case <-done:
-				return
-			}
-		}
-	})
-	return sync.OnceFunc(func() {
-		signal.Stop(hup)
-		close(done)
-		wg.Wait()
-	})
+	return onSIGHUP(func() { _ = f.Reload() }) // Reload logs the outcome
 }
 
 // quotas answers GET /api/v1/admin/quotas.

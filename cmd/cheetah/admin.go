@@ -239,7 +239,7 @@ type keysCmd struct {
 
 type keysCreateCmd struct {
 	adminFlags
-	Kind string `required:"" enum:"client,app,admin" help:"client, app or admin."`
+	Kind   string `required:"" enum:"client,app,admin" help:"client, app or admin."`
 	User   string `help:"The user a client key is bound to."`
 	Tenant string `help:"The tenant an app key is bound to: it acts for that tenant alone (quotas)."`
 	Name   string `help:"A name for operators."`

@@ -62,12 +62,13 @@ func (r *Registry) startCreation(ctx context.Context, p *pool, req *cheetah.Acqu
 	var cause error = errCreationTimeout
 	select {
 	case res := <-cr.ch:
-		if ctx.Err() != nil && res.err == nil {
-			// Settled as the caller went away: nobody would learn of it.
-			_, _ = r.Release(context.WithoutCancel(ctx), res.lease)
-			return cheetah.Lease{}, ctx.Err()
+		if ctx.Err() == nil {
+			return res.lease, res.err
 		}
-		return res.lease, res.err
+		// Settled as the caller went away.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.settleWait(res, ctx.Err())
 	case <-t.Chan():
 	case <-ctx.Done():
 		cause = ctx.Err()
@@ -75,14 +76,8 @@ func (r *Registry) startCreation(ctx context.Context, p *pool, req *cheetah.Acqu
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.creations[cr.id] != cr {
-		// Settled just as the wait ended. A caller that went away would
-		// never learn of the lease, so it goes back at once.
-		res := <-cr.ch
-		if ctx.Err() != nil && res.err == nil {
-			r.release(keyOf(res.lease.LeaseToken), res.lease)
-			return cheetah.Lease{}, ctx.Err()
-		}
-		return res.lease, res.err
+		// Settled just as the wait ended.
+		return r.settleWait(<-cr.ch, ctx.Err())
 	}
 	// Abandoned: a context reported later with this id is an ordinary
 	// idle one.

@@ -194,14 +194,8 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if wt.elem == nil {
-		// A context was handed over just as the wait ended. A caller that
-		// went away would never learn of it, so it goes back at once.
-		res := <-wt.ch
-		if cause != nil && res.err == nil {
-			r.release(keyOf(res.lease.LeaseToken), res.lease)
-			return cheetah.Lease{}, cause
-		}
-		return res.lease, res.err
+		// A context was handed over just as the wait ended.
+		return r.settleWait(<-wt.ch, cause)
 	}
 	r.unwait(wt)
 	if cause != nil {
@@ -211,6 +205,17 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	err := r.miss(p, req, nl)
 	r.dropPoolIfEmpty(p)
 	return cheetah.Lease{}, err
+}
+
+// settleWait is the outcome of a wait that was handed res: a lease that a
+// caller who went away (gone is why) would never learn of goes back at
+// once; r.mu is held.
+func (r *Registry) settleWait(res acquireResult, gone error) (cheetah.Lease, error) {
+	if gone != nil && res.err == nil {
+		r.release(keyOf(res.lease.LeaseToken), res.lease)
+		return cheetah.Lease{}, gone
+	}
+	return res.lease, res.err
 }
 
 // miss is why nothing could be assigned to req: a full quota first, then

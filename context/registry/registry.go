@@ -190,7 +190,7 @@ type Registry struct {
 	// creations are the create_context requests waiting for their
 	// context, by request id (create.go).
 	creations map[string]*creation
-	qset   atomic.Pointer[quota.Set]
+	qset      atomic.Pointer[quota.Set]
 
 	// after acts on what was decided under r.mu: the outbox of writes and
 	// the queue of events (outbox.go).
