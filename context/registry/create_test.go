@@ -218,3 +218,57 @@ func TestCreateRaceForLastSlot(t *testing.T) {
 	require.Equal(t, "first", a1.l.ContextID)
 	require.Equal(t, "second", a2.l.ContextID)
 }
+
+// Two creating acquires for the last quota slot: both clients are asked,
+// the first context reported takes the slot, and the second acquire fails
+// quota_exceeded while its context becomes an ordinary idle one.
+func TestCreateRaceForLastQuotaSlot(t *testing.T) {
+	e := setup(t)
+	e.reg.SetQuotas(mustQuotas(t, "quotas: [{name: q, levels: {user: 1}}]"))
+	c := e.connectRoom("c", 4)
+	r1 := e.acquireCreating(context.Background(), 0)
+	cc1 := waitFor(t, c.conn, anyFrame[*protocol.CreateContext])
+	r2 := e.acquireCreating(context.Background(), 0)
+	cc2 := waitFor(t, c.conn, func(f *protocol.CreateContext) bool { return f.RequestID != cc1.RequestID })
+	e.reg.Report(c.att, []protocol.ContextReport{created("two", cc2.RequestID)})
+	a2 := <-r2
+	require.NoError(t, a2.err)
+	require.Equal(t, "two", a2.l.ContextID)
+	e.reg.Report(c.att, []protocol.ContextReport{created("two", ""), created("one", cc1.RequestID)})
+	a1 := <-r1
+	require.Equal(t, "user", quotaFull(t, a1.err).Level)
+	avail, _ := e.reg.ListAvailable(context.Background(), user, cheetah.Console)
+	require.Len(t, avail, 1)
+	require.Equal(t, "one", avail[0].ContextID)
+	requireCreationsZero(t, e)
+}
+
+func TestCreatePlacement(t *testing.T) {
+	e := setup(t)
+	c := &client{conn: newFakeConn(), id: "eu"}
+	c.att = e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "eu", Type: cheetah.Console, MaxContexts: 2,
+		Labels: map[string]string{"region": "eu"}}, c.conn)
+	e.reg.Report(c.att, nil)
+	req := cheetah.AcquireRequest{UserID: user, TaskID: "t", ClientType: cheetah.Console, Create: &cheetah.CreateSpec{}}
+	us := req
+	us.Labels = map[string]string{"region": "us"}
+	_, err := e.reg.Acquire(context.Background(), us)
+	require.Equal(t, cheetah.ReasonPlacementMiss, noContextReason(t, err))
+	other := req
+	other.ClientID = "nope"
+	_, err = e.reg.Acquire(context.Background(), other)
+	require.Equal(t, cheetah.ReasonPlacementMiss, noContextReason(t, err))
+	browser := req
+	browser.ClientType = cheetah.Browser
+	_, err = e.reg.Acquire(context.Background(), browser)
+	require.Equal(t, cheetah.ReasonNoEligibleClient, noContextReason(t, err))
+	// The client's labels place it: asked, with an empty URL.
+	eu := req
+	eu.Labels = map[string]string{"region": "eu"}
+	res := make(chan acquired, 1)
+	go func() { l, err := e.reg.Acquire(context.Background(), eu); res <- acquired{l, err} }()
+	cc := waitFor(t, c.conn, anyFrame[*protocol.CreateContext])
+	require.Empty(t, cc.URL)
+	e.reg.Report(c.att, []protocol.ContextReport{created("n", cc.RequestID)})
+	require.NoError(t, (<-res).err)
+}
