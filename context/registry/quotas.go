@@ -91,9 +91,21 @@ func (r *Registry) SetQuotas(s *quota.Set) {
 		l.qset, l.charges = s, s.Governing(l.charges[:0], l.ctx.client.typ, l.reqLabels)
 		r.charge(l)
 	}
-	for e := q.waiters.Front(); e != nil; e = e.Next() {
-		wt := e.Value.(*waiter)
-		wt.l.qset, wt.l.charges = s, s.Governing(wt.l.charges[:0], wt.req.ClientType, wt.req.Labels)
+	// Waiting acquires are matched again: one the new quotas govern waits
+	// for a slot too (after those that already did), one they no longer
+	// govern waits for a context alone.
+	for _, p := range r.users {
+		for e := p.waiters.Front(); e != nil; e = e.Next() {
+			wt := e.Value.(*waiter)
+			wt.l.qset, wt.l.charges = s, s.Governing(wt.l.charges[:0], wt.req.ClientType, wt.req.Labels)
+			switch governed := len(wt.l.charges) > 0; {
+			case governed && wt.qelem == nil:
+				wt.qelem = q.waiters.PushBack(wt)
+			case !governed && wt.qelem != nil:
+				q.waiters.Remove(wt.qelem)
+				wt.qelem = nil
+			}
+		}
 	}
 	r.slotsFreed()
 }

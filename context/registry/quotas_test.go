@@ -441,3 +441,29 @@ func TestAffinity(t *testing.T) {
 	_, err := e.acquire("t", withKey(string(make([]rune, cheetah.MaxAffinityKeyLen+1))))
 	require.ErrorIs(t, err, cheetah.ErrInvalidRequest)
 }
+
+// A reload that makes a quota govern an acquire already waiting puts it in
+// the slot queue, and one that stops governing takes it out.
+func TestQuotaReloadRematchesWaiters(t *testing.T) {
+	e := setup(t)
+	e.connectUser("usr_a", "c1", 1)
+	held, err := e.acquireAs("usr_a", "", 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := e.acquireAs("usr_a", "", time.Minute); done <- err }()
+	require.Eventually(t, func() bool { return e.reg.Stats().Waiters == 1 }, 10*time.Second, time.Millisecond)
+	require.Zero(t, e.reg.Stats().QuotaWaiters)
+	e.reg.SetQuotas(mustQuotas(t, "quotas: [{name: q, levels: {user: 1}}]"))
+	require.Equal(t, 1, e.reg.Stats().QuotaWaiters)
+	e.reg.QuotasBroken(errors.New("bad"))
+	require.ErrorIs(t, <-done, cheetah.ErrQuotaUnavailable, "a waiter the quota now governs fails closed too")
+	e.reg.SetQuotas(nil)
+	go func() { _, err := e.acquireAs("usr_a", "", time.Minute); done <- err }()
+	require.Eventually(t, func() bool { return e.reg.Stats().Waiters == 1 }, 10*time.Second, time.Millisecond)
+	e.reg.SetQuotas(mustQuotas(t, "quotas: [{name: q, levels: {user: 1}}]"))
+	require.Equal(t, 1, e.reg.Stats().QuotaWaiters)
+	e.reg.SetQuotas(mustQuotas(t, "quotas: [{name: q, match: {client_type: browser}, levels: {user: 1}}]"))
+	require.Zero(t, e.reg.Stats().QuotaWaiters, "no longer governed")
+	_, _ = e.reg.Release(context.Background(), held)
+	require.NoError(t, <-done)
+}
