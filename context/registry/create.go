@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"sort"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/protocol"
@@ -22,7 +21,8 @@ type creation struct {
 	client *client
 	req    cheetah.AcquireRequest
 	l      *lease
-	token  string
+	token  string             // the lease's, if the context comes
+	key    tokenKey           // its digest
 	ch     chan acquireResult // buffered: the hand-off never blocks
 }
 
@@ -32,20 +32,28 @@ var (
 	errCreationTimeout = &cheetah.NoContextError{Reason: cheetah.ReasonCreationTimeout}
 )
 
-// startCreation asks a client of p to open a context for req, which found
-// no idle one; r.mu is held and is released before it returns. It waits
-// for the context, the client's refusal, the timeout or ctx.
-func (r *Registry) startCreation(ctx context.Context, p *pool, req *cheetah.AcquireRequest, l *lease, token string) (cheetah.Lease, error) {
+// newCreation prepares, off the lock, the creation an acquire for req will
+// ask for if nothing idle matches: its request id, and the token of the
+// lease l it would get. The request id is sent to the client, so it is not
+// the lease's token.
+func newCreation(req *cheetah.AcquireRequest, l *lease) *creation {
+	cr := &creation{id: "cr_" + newToken(), req: *req, l: l, token: newToken(), ch: make(chan acquireResult, 1)}
+	cr.key = keyOf(cr.token)
+	return cr
+}
+
+// startCreation asks a client of p to open a context for cr, whose acquire
+// found no idle one; r.mu is held and is released before it returns. It
+// waits for the context, the client's refusal, the timeout or ctx.
+func (r *Registry) startCreation(ctx context.Context, p *pool, cr *creation) (cheetah.Lease, error) {
+	req := &cr.req
 	c, err := r.roomiest(p, req)
 	if err != nil {
 		r.dropPoolIfEmpty(p)
 		r.mu.Unlock()
 		return cheetah.Lease{}, err
 	}
-	cr := &creation{id: "cr_" + token, client: c, req: *req, l: l, token: newToken(), ch: make(chan acquireResult, 1)}
-	// The request id is sent to the client, so it must not be the lease's
-	// token: the lease gets a token of its own.
-	l.key = keyOf(cr.token)
+	cr.client, cr.l.key = c, cr.key
 	if !c.conn.Send(&protocol.CreateContext{RequestID: cr.id, URL: req.Create.URL}) {
 		r.mu.Unlock()
 		return cheetah.Lease{}, errCreationFailed
@@ -92,13 +100,7 @@ func (r *Registry) startCreation(ctx context.Context, p *pool, req *cheetah.Acqu
 func (r *Registry) roomiest(p *pool, req *cheetah.AcquireRequest) (*client, error) {
 	var best *client
 	bestRoom, connected, placed := 0, false, false
-	ids := make([]string, 0, len(p.clients))
-	for id := range p.clients {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids) // ties go to the smallest client id
-	for _, id := range ids {
-		c := p.clients[id]
+	for _, c := range p.clients {
 		if c.conn == nil || c.typ != req.ClientType {
 			continue
 		}
@@ -107,7 +109,8 @@ func (r *Registry) roomiest(p *pool, req *cheetah.AcquireRequest) (*client, erro
 			continue
 		}
 		placed = true
-		if room := c.maxContexts - len(c.contexts) - c.creating; room > bestRoom {
+		room := c.maxContexts - len(c.contexts) - c.creating
+		if room > bestRoom || room == bestRoom && room > 0 && c.id < best.id {
 			best, bestRoom = c, room
 		}
 	}

@@ -73,6 +73,16 @@ func TestCreateSuccess(t *testing.T) {
 	cmd := waitFor(t, big.conn, func(c *protocol.Command) bool { return c.CommandID == id.CommandID })
 	require.Equal(t, "new", cmd.ContextID)
 	require.Zero(t, e.reg.Stats().Creations)
+
+	// With an idle context at hand, create asks nobody: the lease is an
+	// ordinary one, and its token works.
+	idle := e.reg.Stats().Creations
+	r = <-e.acquireCreating(context.Background(), 0)
+	require.NoError(t, r.err)
+	require.False(t, r.l.Created)
+	require.Equal(t, idle, e.reg.Stats().Creations)
+	_, err = e.reg.Send(context.Background(), r.l, cheetah.Command{Name: "echo"}, cheetah.SendOptions{})
+	require.NoError(t, err)
 }
 
 func TestCreateTieByClientID(t *testing.T) {

@@ -132,6 +132,10 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	token := newToken()
 	nl := &lease{key: keyOf(token), heapIndex: -1, acquired: sc}
 	r.governing(nl, req)
+	var cr *creation
+	if req.Create != nil {
+		cr = newCreation(req, nl)
+	}
 	r.mu.Lock()
 	var p *pool
 	var deadline time.Time // of the wait for epochs, once one was needed
@@ -166,7 +170,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	}
 	if req.Create != nil && !quotaFull {
 		// Nothing idle: a client is asked to open a context (create.go).
-		return r.startCreation(ctx, p, req, nl, token)
+		return r.startCreation(ctx, p, cr)
 	}
 	if req.Wait <= 0 {
 		err := r.miss(p, req, nl)
