@@ -18,6 +18,9 @@ const (
 	CodeRateLimited        = "rate_limited"
 	CodeStoreUnavailable   = "store_unavailable"
 	CodeOverloaded         = "overloaded"
+	// CodeQuotaUnavailable refuses an acquire that a quota would govern
+	// while the quota file last loaded was broken (DESIGN §10).
+	CodeQuotaUnavailable = "quota_unavailable"
 	// CodeMethodNotAllowed answers a known path asked with a method it
 	// does not serve (405, with an Allow header).
 	CodeMethodNotAllowed = "method_not_allowed"
@@ -56,6 +59,7 @@ var (
 	ErrRateLimited        = &Error{Code: CodeRateLimited}
 	ErrStoreUnavailable   = &Error{Code: CodeStoreUnavailable}
 	ErrOverloaded         = &Error{Code: CodeOverloaded}
+	ErrQuotaUnavailable   = &Error{Code: CodeQuotaUnavailable}
 )
 
 // Invalidf returns an invalid_request error with a message saying what is wrong.
@@ -83,11 +87,36 @@ const (
 	ReasonNoIdleWorker      NoContextReason = "no_idle_worker"
 	ReasonPlacementMiss     NoContextReason = "placement_miss"
 	ReasonCapacityExhausted NoContextReason = "capacity_exhausted"
+	// DESIGN §10.
+	ReasonQuotaExceeded   NoContextReason = "quota_exceeded"
+	ReasonCreationFailed  NoContextReason = "creation_failed"
+	ReasonCreationTimeout NoContextReason = "creation_timeout"
 )
 
 // NoContextError is returned by Acquire when nothing can be assigned.
 type NoContextError struct {
 	Reason NoContextReason
+	// Quota says which cap was full, for reason quota_exceeded.
+	Quota *QuotaFull
+}
+
+// QuotaFull is the details of a quota_exceeded error: the quota, the level
+// (global, tenant or user) that was full, its slots in use and its cap.
+type QuotaFull struct {
+	Quota string `json:"quota"`
+	Level string `json:"level"`
+	Used  int    `json:"used"`
+	Cap   int    `json:"cap"`
+}
+
+// Details returns the envelope's details of err: a full quota's, or nil.
+func Details(err error) map[string]any {
+	var nc *NoContextError
+	if errors.As(err, &nc) && nc.Quota != nil {
+		q := nc.Quota
+		return map[string]any{"quota": q.Quota, "level": q.Level, "used": q.Used, "cap": q.Cap}
+	}
+	return nil
 }
 
 func (e *NoContextError) Error() string {
@@ -174,7 +203,14 @@ func (e Envelope) Err() error {
 	if e.Error == nil || e.Error.Code == "" {
 		return nil
 	}
-	return FromCode(e.Error.Code, e.Error.Reason, e.Error.Message)
+	err := FromCode(e.Error.Code, e.Error.Reason, e.Error.Message)
+	if nc, ok := err.(*NoContextError); ok && e.Error.Details != nil {
+		d := e.Error.Details
+		str := func(k string) string { v, _ := d[k].(string); return v }
+		num := func(k string) int { v, _ := d[k].(float64); return int(v) }
+		nc.Quota = &QuotaFull{Quota: str("quota"), Level: str("level"), Used: num("used"), Cap: num("cap")}
+	}
+	return err
 }
 
 // FromCode rebuilds the error that Classify took apart, so that a remote

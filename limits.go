@@ -43,6 +43,13 @@ const (
 	MaxListLimit = 500
 	// MaxKeyNameLen bounds the name of an API key, in bytes.
 	MaxKeyNameLen = 128
+	// MaxAffinityKeyLen bounds an acquire's affinity_key, in characters.
+	MaxAffinityKeyLen = 256
+	// MaxCreateTimeout bounds how long an acquire waits for a context it
+	// asked a client to open (create.timeout_ms).
+	MaxCreateTimeout = time.Minute
+	// MaxCreateURLLen bounds the URL a new context opens at, in bytes.
+	MaxCreateURLLen = 8192
 )
 
 // The broker's default settings, in one place: the registry and the server
@@ -64,14 +71,21 @@ const (
 	DefaultMaxPendingHellos = 1024
 	// MinMaxMessageBytes is the smallest frame limit a broker may be given.
 	MinMaxMessageBytes = 1024
+	// DefaultCreateTimeout is how long an acquire waits for a context it
+	// asked a client to open, when it names no timeout.
+	DefaultCreateTimeout = 10 * time.Second
+	// DefaultTenant is the tenant of an acquire that names none.
+	DefaultTenant = "default"
 )
 
 // Messages built from the limits, shared by every place that checks them.
 var (
-	MsgTTL       = fmt.Sprintf("ttl_s must be a whole number of seconds from %d to %d", int64(MinTTL/time.Second), int64(MaxTTL/time.Second))
-	MsgWait      = fmt.Sprintf("wait_ms must be a whole number from 0 to %d", MaxWait.Milliseconds())
-	MsgTimeout   = fmt.Sprintf("timeout_ms must be a whole number from 1 to %d", MaxCommandTimeout.Milliseconds())
-	MsgListLimit = fmt.Sprintf("limit must be a whole number from 1 to %d", MaxListLimit)
+	MsgTTL           = fmt.Sprintf("ttl_s must be a whole number of seconds from %d to %d", int64(MinTTL/time.Second), int64(MaxTTL/time.Second))
+	MsgWait          = fmt.Sprintf("wait_ms must be a whole number from 0 to %d", MaxWait.Milliseconds())
+	MsgTimeout       = fmt.Sprintf("timeout_ms must be a whole number from 1 to %d", MaxCommandTimeout.Milliseconds())
+	MsgListLimit     = fmt.Sprintf("limit must be a whole number from 1 to %d", MaxListLimit)
+	MsgCreateTimeout = fmt.Sprintf("create.timeout_ms must be a whole number from 1 to %d", MaxCreateTimeout.Milliseconds())
+	MsgAffinityKey   = fmt.Sprintf("affinity_key must be 1 to %d characters of UTF-8 without NUL", MaxAffinityKeyLen)
 )
 
 // CheckID reports an invalid_request error unless v is a well-formed id
@@ -126,6 +140,39 @@ func CheckLabels(field string, m map[string]string) error {
 		}
 		if err := CheckText(field, v); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// CheckPlacement reports an invalid_request error unless the placement
+// members of an acquire (DESIGN §10) are within their limits: tenant_id an
+// id, affinity_key at most MaxAffinityKeyLen characters, create's URL at
+// most MaxCreateURLLen bytes and its timeout at most MaxCreateTimeout (zero
+// is the default; over HTTP it is whole milliseconds, rounded up). It fills the create timeout's default.
+func CheckPlacement(req *AcquireRequest) error {
+	if req.TenantID != "" {
+		if err := CheckID("tenant_id", req.TenantID); err != nil {
+			return err
+		}
+	}
+	if req.AffinityKey != "" {
+		if utf8.RuneCountInString(req.AffinityKey) > MaxAffinityKeyLen || CheckText("affinity_key", req.AffinityKey) != nil {
+			return Invalidf("%s", MsgAffinityKey)
+		}
+	}
+	if c := req.Create; c != nil {
+		if len(c.URL) > MaxCreateURLLen {
+			return Invalidf("create.url must be at most %d bytes", MaxCreateURLLen)
+		}
+		if err := CheckText("create.url", c.URL); err != nil {
+			return err
+		}
+		switch {
+		case c.Timeout == 0:
+			c.Timeout = DefaultCreateTimeout
+		case c.Timeout < 0 || c.Timeout > MaxCreateTimeout:
+			return Invalidf("%s", MsgCreateTimeout)
 		}
 	}
 	return nil

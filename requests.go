@@ -16,6 +16,16 @@ type AcquireBody struct {
 	TTLS       *int64            `json:"ttl_s,omitempty"`
 	WaitMS     *int64            `json:"wait_ms,omitempty"`
 	RenewOnUse *bool             `json:"renew_on_use,omitempty"`
+	// DESIGN §10.
+	Create      *CreateBody `json:"create,omitempty"`
+	AffinityKey string      `json:"affinity_key,omitempty"`
+	TenantID    string      `json:"tenant_id,omitempty"`
+}
+
+// CreateBody is the create member of an acquire body.
+type CreateBody struct {
+	URL       string `json:"url,omitempty"`
+	TimeoutMS *int64 `json:"timeout_ms,omitempty"`
 }
 
 // CommandBody is the body of POST /api/v1/commands and /commands/wait.
@@ -43,4 +53,6 @@ type CreateKeyBody struct {
 	Kind   string `json:"kind"`
 	UserID string `json:"user_id,omitempty"`
 	Name   string `json:"name"`
+	// TenantID binds an app key to one tenant (DESIGN §10).
+	TenantID string `json:"tenant_id,omitempty"`
 }

@@ -105,6 +105,13 @@ type Lease struct {
 	LeaseToken string     `json:"lease_token,omitempty"`
 	TTLSeconds int        `json:"ttl_s"`
 	ExpiresAt  time.Time  `json:"expires_at"`
+	// TenantID is the tenant the lease counts for under the quota funnel.
+	TenantID string `json:"tenant_id,omitempty"`
+	// AffinityHit is set when the acquire carried an affinity_key: whether
+	// the context's last lease carried the same key.
+	AffinityHit *bool `json:"affinity_hit,omitempty"`
+	// Created is true when the context was opened for this acquire.
+	Created bool `json:"created,omitempty"`
 }
 
 // ContextSnapshot describes one context as the registry sees it now.
@@ -150,6 +157,25 @@ type AcquireRequest struct {
 	// RenewOnUse, when false, makes only an explicit renew extend the lease.
 	// Nil means true.
 	RenewOnUse *bool `json:"renew_on_use,omitempty"`
+	// TenantID is the tenant the acquire counts for under the quota funnel
+	// (DESIGN §10); empty is "default". The HTTP API fills it from a
+	// tenant-bound app key.
+	TenantID string `json:"tenant_id,omitempty"`
+	// AffinityKey, at most MaxAffinityKeyLen characters, prefers the idle
+	// context whose last lease carried the same key.
+	AffinityKey string `json:"affinity_key,omitempty"`
+	// Create, when set, asks an eligible client to open a new context when
+	// no idle one matches (DESIGN §10).
+	Create *CreateSpec `json:"create,omitempty"`
+}
+
+// CreateSpec is an acquire's request to open a context on demand.
+type CreateSpec struct {
+	// URL is where the new context opens; empty is the client's blank page.
+	URL string `json:"url,omitempty"`
+	// Timeout bounds the wait for the client to report the new context;
+	// zero is DefaultCreateTimeout, at most MaxCreateTimeout.
+	Timeout time.Duration `json:"-"`
 }
 
 // Command is a named request with JSON params sent through a handle.

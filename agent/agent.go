@@ -66,6 +66,12 @@ type Config struct {
 	// Flows is how many console flows the agent offers, reported as the
 	// contexts "flow-1" to "flow-N" with tab_id "1" to "N". Default 1.
 	Flows int
+	// MaxFlows is how many flows the agent may hold in all, reported as
+	// its hello's capacity.max_contexts: when the broker asks for a new
+	// context (create_context, DESIGN §10), the agent opens one more flow,
+	// up to MaxFlows, and answers create_failed beyond it. Default Flows
+	// (no flow opened on request).
+	MaxFlows int
 	// Log receives the agent's logs; nil discards them.
 	Log *slog.Logger
 	// MinBackoff and MaxBackoff bound the jittered exponential delay between
@@ -98,8 +104,13 @@ type Agent struct {
 	log    *slog.Logger
 	dialer *http.Client // dials the WebSocket; nil is websocket's default
 	tracer trace.Tracer
-	flows  map[string]*flow
-	order  []*flow // the flows in report order, flow-1 first
+	// flowsMu guards flows and order, which grow when the broker asks for
+	// a new flow, and quit and workers, the current Run's.
+	flowsMu sync.RWMutex
+	flows   map[string]*flow
+	order   []*flow // the flows in report order, flow-1 first
+	quit    chan struct{}
+	workers *sync.WaitGroup
 
 	handlersMu sync.RWMutex
 	handlers   map[string]Handler
@@ -116,6 +127,7 @@ type Agent struct {
 // checks nothing; Run reports a bad configuration.
 func New(cfg Config) *Agent {
 	cfg.Flows = max(cfg.Flows, 1)
+	cfg.MaxFlows = max(cfg.MaxFlows, cfg.Flows)
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = DefaultMinBackoff
 	}
@@ -230,9 +242,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	// worker just reports it cancelled.
 	quit := make(chan struct{})
 	var workers sync.WaitGroup
+	a.flowsMu.Lock()
+	a.quit, a.workers = quit, &workers
 	for _, f := range a.order {
 		workers.Go(func() { f.serve(quit, a.execute) })
 	}
+	a.flowsMu.Unlock()
 	err = a.connectLoop(ctx, target)
 	close(quit)
 	workers.Wait()
@@ -290,7 +305,7 @@ func (a *Agent) connect(ctx context.Context, target string, welcomed func()) err
 	}
 	welcomed()
 	a.log.Info("agent: connected", "session_id", s.welcome.SessionID, "user_id", s.welcome.UserID)
-	if err := s.write(hctx, a.state()); err != nil {
+	if err := s.write(hctx, a.state(nil, "")); err != nil {
 		return err
 	}
 	// Only now may handlers write: a late message from a command of an
@@ -310,21 +325,62 @@ func (a *Agent) hello() *protocol.Hello {
 		Name:       a.cfg.Name,
 		Version:    a.cfg.Version,
 		Labels:     a.cfg.Labels,
-		Capacity:   &protocol.Capacity{MaxContexts: len(a.order)},
+		Capacity:   &protocol.Capacity{MaxContexts: a.cfg.MaxFlows},
 		Effects:    a.cfg.Effects,
 	}
 }
 
-func (a *Agent) state() *protocol.State {
+// state is the full state report. created, when not nil, is a flow just
+// opened for the create_context of requestID, which its entry names.
+func (a *Agent) state(created *flow, requestID string) *protocol.State {
+	a.flowsMu.RLock()
+	defer a.flowsMu.RUnlock()
 	st := &protocol.State{Contexts: make([]protocol.ContextReport, 0, len(a.order))}
 	for _, f := range a.order {
-		st.Contexts = append(st.Contexts, protocol.ContextReport{
+		rep := protocol.ContextReport{
 			ContextID: f.id,
 			TabID:     f.tabID,
 			Owner:     protocol.OwnerWorker,
-		})
+		}
+		if f == created {
+			rep.RequestID = requestID
+		}
+		st.Contexts = append(st.Contexts, rep)
 	}
 	return st
+}
+
+// flow returns the flow of context id, or nil.
+func (a *Agent) flow(id string) *flow {
+	a.flowsMu.RLock()
+	defer a.flowsMu.RUnlock()
+	return a.flows[id]
+}
+
+// onCreate opens a flow for the broker's create_context and reports it
+// with the request's id, or answers create_failed when the agent already
+// holds MaxFlows flows. The URL means nothing to a console flow.
+func (a *Agent) onCreate(s *session, f *protocol.CreateContext) {
+	a.flowsMu.Lock()
+	if len(a.order) >= a.cfg.MaxFlows {
+		a.flowsMu.Unlock()
+		if err := s.write(context.Background(), &protocol.CreateFailed{RequestID: f.RequestID, Code: CodeNoRoom,
+			Message: fmt.Sprintf("this agent holds its %d flows already", a.cfg.MaxFlows)}); err != nil {
+			s.log.Warn("agent: create_failed failed", "err", err)
+		}
+		return
+	}
+	n := strconv.Itoa(len(a.order) + 1)
+	fl := newFlow("flow-"+n, n)
+	a.flows[fl.id] = fl
+	a.order = append(a.order, fl)
+	quit := a.quit
+	a.workers.Go(func() { fl.serve(quit, a.execute) })
+	a.flowsMu.Unlock()
+	s.log.Info("agent: opened a flow on request", "context_id", fl.id, "request_id", f.RequestID)
+	if err := s.write(context.Background(), a.state(fl, f.RequestID)); err != nil {
+		s.log.Warn("agent: state report failed", "err", err)
+	}
 }
 
 // attach makes s the connection handlers write to, and tells Connected's

@@ -513,3 +513,30 @@ func receive[T any](t *testing.T, ch <-chan T) T {
 		return zero
 	}
 }
+
+// On create_context the agent opens one more flow, up to MaxFlows, reports
+// it with the request's id, and runs commands on it; beyond MaxFlows it
+// answers create_failed.
+func TestCreateContextOpensAFlow(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker(t, 1<<20)
+	cfg := testConfig(b)
+	cfg.MaxFlows = 2
+	_, bc := startConnected(t, b, cfg, map[string]agent.Handler{"echo": agent.Echo()})
+	require.Equal(t, 2, bc.hello.Capacity.MaxContexts)
+
+	bc.send(t, &protocol.CreateContext{RequestID: "cr_1", URL: "https://example.com/"})
+	st := next[*protocol.State](t, bc)
+	require.Equal(t, []protocol.ContextReport{
+		{ContextID: "flow-1", TabID: "1", Owner: protocol.OwnerWorker},
+		{ContextID: "flow-2", TabID: "2", Owner: protocol.OwnerWorker, RequestID: "cr_1"},
+	}, st.Contexts)
+	bc.send(t, command("c1", "flow-2", "echo", `{"n":1}`))
+	frames := bc.untilTerminal(t, "c1")
+	require.JSONEq(t, `{"n":1}`, string(frames[len(frames)-1].(*protocol.Result).Data))
+
+	bc.send(t, &protocol.CreateContext{RequestID: "cr_2"})
+	failed := next[*protocol.CreateFailed](t, bc)
+	require.Equal(t, "cr_2", failed.RequestID)
+	require.Equal(t, protocol.ErrorCode(agent.CodeNoRoom), failed.Code)
+}

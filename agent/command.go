@@ -34,6 +34,7 @@ const (
 	CodeResultTooLarge     = "result_too_large"     // the result does not fit in one frame
 	CodeNotAllowed         = "not_allowed"          // Exec: the program is not on the allowlist
 	CodeExecFailed         = "exec_failed"          // Exec: the program could not be started
+	CodeNoRoom             = "no_room"              // create_failed: the agent holds MaxFlows flows already
 )
 
 // maxMessageLen caps the message of an error frame. Error texts can embed
@@ -209,7 +210,7 @@ func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command
 	} else {
 		span.AddEvent("ack sent")
 	}
-	f := a.flows[cmd.ContextID]
+	f := a.flow(cmd.ContextID)
 	if f == nil {
 		a.reject(log, span, cmd, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
 		return

@@ -16,6 +16,7 @@ type Key struct {
 	ID            string
 	Kind          string // "client", "app" or "admin"
 	UserID        string // set for client keys
+	TenantID      string // set for tenant-bound app keys
 	Name          string
 	Hash          []byte
 	WebhookSecret string // set for app keys (and admin keys made by the API)
@@ -34,6 +35,7 @@ func (s *Store) CreateKey(ctx context.Context, k Key) error {
 		ID:            k.ID,
 		Kind:          k.Kind,
 		UserID:        text(k.UserID),
+		TenantID:      text(k.TenantID),
 		Name:          k.Name,
 		Hash:          k.Hash,
 		WebhookSecret: text(k.WebhookSecret),

@@ -65,6 +65,7 @@ type keyRow struct {
 	ID            string `gorm:"primaryKey"`
 	Kind          string
 	UserID        *string
+	TenantID      *string
 	Name          string
 	Hash          []byte
 	WebhookSecret *string
@@ -213,6 +214,7 @@ func (r keyRow) key() Key {
 		ID:            r.ID,
 		Kind:          r.Kind,
 		UserID:        deref(r.UserID),
+		TenantID:      deref(r.TenantID),
 		Name:          r.Name,
 		Hash:          r.Hash,
 		WebhookSecret: deref(r.WebhookSecret),

@@ -191,6 +191,14 @@ func decodeSlow(b []byte) (Frame, error) {
 		}
 	case TypePong:
 		f = &Pong{}
+	case TypeCreateContext:
+		f = &CreateContext{RequestID: top.str("request_id", true), URL: top.str("url", false)}
+	case TypeCreateFailed:
+		f = &CreateFailed{
+			RequestID: top.str("request_id", true),
+			Code:      ErrorCode(top.str("code", true)),
+			Message:   top.str("message", false),
+		}
 	default:
 		return nil, &UnknownTypeError{Type: string(typ)}
 	}
@@ -250,6 +258,7 @@ func decodeState(r *fields) *State {
 			URL:       c.str("url", false),
 			Title:     c.str("title", false),
 			Labels:    c.labels("labels"),
+			RequestID: c.str("request_id", false),
 		})
 	}
 	return s

@@ -249,6 +249,7 @@ func (f *State) encode(w *writer) {
 		w.optStr("url", c.URL)
 		w.optStr("title", c.Title)
 		w.labels("labels", c.Labels)
+		w.optStr("request_id", c.RequestID)
 		w.end()
 	}
 	w.buf = append(w.buf, ']')
@@ -281,11 +282,15 @@ func (f *Result) encode(w *writer) {
 func (f *Error) encode(w *writer) {
 	w.optStr("command_id", f.CommandID)
 	w.str("code", string(f.Code))
-	// A message is text for people; it may quote what a peer sent, so a
-	// NUL in it is written as U+FFFD, as invalid UTF-8 is, and the frame
-	// stays one that Decode accepts.
-	w.optStr("message", strings.ReplaceAll(f.Message, "\x00", "\uFFFD"))
+	w.message(f.Message)
 	w.raw("data", f.Data)
+}
+
+// message writes an error's message. A message is text for people; it may
+// quote what a peer sent, so a NUL in it is written as U+FFFD, as invalid
+// UTF-8 is, and the frame stays one that Decode accepts.
+func (w *writer) message(m string) {
+	w.optStr("message", strings.ReplaceAll(m, "\x00", "\uFFFD"))
 }
 
 func (*Ping) encode(*writer) {}
@@ -325,6 +330,17 @@ func (f *Assignment) encode(w *writer) {
 }
 
 func (*Pong) encode(*writer) {}
+
+func (f *CreateContext) encode(w *writer) {
+	w.str("request_id", f.RequestID)
+	w.optStr("url", f.URL)
+}
+
+func (f *CreateFailed) encode(w *writer) {
+	w.str("request_id", f.RequestID)
+	w.str("code", string(f.Code))
+	w.message(f.Message)
+}
 
 // MarshalJSON makes encoding/json (and anything built on it, such as a
 // WebSocket library's JSON helper) write the frame as Encode does, with its
@@ -369,3 +385,9 @@ func (f Assignment) MarshalJSON() ([]byte, error) { return Encode(&f) }
 
 // MarshalJSON is explained at Hello.MarshalJSON.
 func (f Pong) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f CreateContext) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f CreateFailed) MarshalJSON() ([]byte, error) { return Encode(&f) }

@@ -23,6 +23,9 @@ const (
 	TypeCapture  Type = "capture"
 	TypeResult   Type = "result"
 	TypePing     Type = "ping"
+	// TypeCreateFailed answers a create_context the client could not
+	// carry out (DESIGN §10).
+	TypeCreateFailed Type = "create_failed"
 
 	// Broker to client.
 	TypeWelcome    Type = "welcome"
@@ -30,6 +33,9 @@ const (
 	TypeCancel     Type = "cancel"
 	TypeAssignment Type = "assignment"
 	TypePong       Type = "pong"
+	// TypeCreateContext asks a client to open a new worker context
+	// (DESIGN §10).
+	TypeCreateContext Type = "create_context"
 
 	// Both directions.
 	TypeError Type = "error"
@@ -41,7 +47,7 @@ const (
 func (t Type) FromClient() bool {
 	switch t {
 	case TypeHello, TypeState, TypeAck, TypeProgress, TypeEvent, TypeCapture,
-		TypeResult, TypePing, TypeError:
+		TypeResult, TypePing, TypeError, TypeCreateFailed:
 		return true
 	}
 	return false
@@ -50,7 +56,7 @@ func (t Type) FromClient() bool {
 // FromBroker reports whether the broker sends frames of type t.
 func (t Type) FromBroker() bool {
 	switch t {
-	case TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError:
+	case TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext:
 		return true
 	}
 	return false
@@ -189,6 +195,9 @@ type ContextReport struct {
 	URL       string            `json:"url,omitempty"`
 	Title     string            `json:"title,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// RequestID names the create_context this context was opened for, in
+	// the report that first lists it (DESIGN §10).
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // State is the client's full list of contexts. It replaces the previous
@@ -298,6 +307,28 @@ type Assignment struct {
 
 // Pong answers Ping.
 type Pong struct{}
+
+// CreateContext asks a client to open a new worker context, at URL (its
+// blank page when empty), and to list it in its next state report with
+// RequestID on the context's object (DESIGN §10).
+type CreateContext struct {
+	RequestID string `json:"request_id"`
+	URL       string `json:"url,omitempty"`
+}
+
+// CreateFailed tells the broker that the client could not open the context
+// a create_context asked for.
+type CreateFailed struct {
+	RequestID string    `json:"request_id"`
+	Code      ErrorCode `json:"code"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// FrameType implements Frame.
+func (*CreateContext) FrameType() Type { return TypeCreateContext }
+
+// FrameType implements Frame.
+func (*CreateFailed) FrameType() Type { return TypeCreateFailed }
 
 // FrameType implements Frame.
 func (*Hello) FrameType() Type { return TypeHello }

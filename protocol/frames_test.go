@@ -157,6 +157,34 @@ var frameCases = []frameCase{
 		json: `{"type":"pong"}`,
 		want: &Pong{},
 	},
+	{
+		name:     "create_context",
+		json:     `{"type":"create_context","request_id":"cr_0193a","url":"https://example.com/"}`,
+		want:     &CreateContext{RequestID: "cr_0193a", URL: "https://example.com/"},
+		required: []string{"request_id"},
+		mistyped: map[string]any{"request_id": 1, "url": 1},
+	},
+	{
+		name:     "create_failed",
+		json:     `{"type":"create_failed","request_id":"cr_0193a","code":"tab_limit","message":"no room"}`,
+		want:     &CreateFailed{RequestID: "cr_0193a", Code: "tab_limit", Message: "no room"},
+		required: []string{"request_id", "code"},
+		mistyped: map[string]any{"request_id": 1, "code": 1, "message": 1},
+	},
+}
+
+// A context opened for a create_context carries its request_id.
+func TestStateRequestID(t *testing.T) {
+	t.Parallel()
+	want := &State{Contexts: []ContextReport{{ContextID: "tab-13", Owner: OwnerWorker, RequestID: "cr_0193a"}}}
+	f, err := Decode([]byte(`{"type":"state","contexts":[{"context_id":"tab-13","owner":"worker","request_id":"cr_0193a"}]}`))
+	require.NoError(t, err)
+	require.Equal(t, want, f)
+	b, err := Encode(want)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"request_id":"cr_0193a"`)
+	_, err = Decode([]byte(`{"type":"state","contexts":[{"context_id":"tab-13","owner":"worker","request_id":"no spaces"}]}`))
+	require.Error(t, err)
 }
 
 // withField returns the case's JSON with one member replaced (or removed,
@@ -190,8 +218,8 @@ func caseJSON(t *testing.T, name string) string {
 func TestFrameTypes(t *testing.T) {
 	t.Parallel()
 	fromClient := []Type{TypeHello, TypeState, TypeAck, TypeProgress, TypeEvent, TypeCapture,
-		TypeResult, TypeError, TypePing}
-	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError}
+		TypeResult, TypeError, TypePing, TypeCreateFailed}
+	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext}
 	for _, tc := range frameCases {
 		typ := tc.want.FrameType()
 		require.Equal(t, Type(tc.name), typ)

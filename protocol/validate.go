@@ -219,6 +219,9 @@ func (f *State) validate(decoded bool) error {
 		c.text(path+"url", ctx.URL)
 		c.text(path+"title", ctx.Title)
 		c.labels(path+"labels", ctx.Labels)
+		if ctx.RequestID != "" {
+			c.id(path+"request_id", ctx.RequestID)
+		}
 		if c.err != nil {
 			break
 		}
@@ -329,3 +332,18 @@ func (f *Assignment) validate(decoded bool) error {
 }
 
 func (*Pong) validate(bool) error { return nil }
+
+func (f *CreateContext) validate(decoded bool) error {
+	c := &checker{frame: TypeCreateContext, decoded: decoded}
+	c.id("request_id", f.RequestID)
+	c.text("url", f.URL)
+	return c.result()
+}
+
+func (f *CreateFailed) validate(decoded bool) error {
+	c := &checker{frame: TypeCreateFailed, decoded: decoded}
+	c.id("request_id", f.RequestID)
+	c.nonEmpty("code", string(f.Code))
+	c.text("code", string(f.Code))
+	return c.result()
+}

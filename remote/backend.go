@@ -42,6 +42,14 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 	body := cheetah.AcquireBody{
 		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
 		ClientID: req.ClientID, Labels: req.Labels, RenewOnUse: req.RenewOnUse,
+		TenantID: req.TenantID, AffinityKey: req.AffinityKey,
+	}
+	if c := req.Create; c != nil {
+		body.Create = &cheetah.CreateBody{URL: c.URL}
+		if c.Timeout != 0 {
+			ms := millisUp(c.Timeout)
+			body.Create.TimeoutMS = &ms
+		}
 	}
 	if req.TTL != 0 {
 		s, err := ttlSeconds(req.TTL)
@@ -51,14 +59,7 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 		body.TTLS = &s
 	}
 	if req.Wait != 0 {
-		// Rounded up, so that a short wait does not become no wait at all.
-		ms := req.Wait.Milliseconds()
-		switch {
-		case req.Wait > time.Duration(ms)*time.Millisecond:
-			ms++
-		case req.Wait < 0 && ms == 0:
-			ms = -1 // refused by the broker, as in process
-		}
+		ms := millisUp(req.Wait)
 		body.WaitMS = &ms
 	}
 	var out leaseAnswer
@@ -66,6 +67,20 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 		return cheetah.Lease{}, err
 	}
 	return out.Lease, nil
+}
+
+// millisUp turns a duration into whole milliseconds, rounded up, so that a
+// short wait does not become no wait at all; a negative one stays negative
+// (refused by the broker, as in process).
+func millisUp(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	switch {
+	case d > time.Duration(ms)*time.Millisecond:
+		ms++
+	case d < 0 && ms == 0:
+		ms = -1
+	}
+	return ms
 }
 
 // ttlSeconds turns a TTL into ttl_s. The API counts whole seconds, so a TTL

@@ -38,12 +38,19 @@ type testAgent struct {
 // agent connects a console client with flows contexts (flow-1…flow-N) for
 // user and waits until the broker lists them as available.
 func (s *suite) agent(user, clientID string, flows int, labels map[string]string) *testAgent {
+	s.t.Helper()
+	return s.agentRoom(user, clientID, flows, flows, labels)
+}
+
+// agentRoom is agent with room for maxFlows flows: it opens more when the
+// broker asks (create_context).
+func (s *suite) agentRoom(user, clientID string, flows, maxFlows int, labels map[string]string) *testAgent {
 	t := s.t
 	t.Helper()
 	ta := &testAgent{id: clientID, started: make(chan string, 16), release: make(chan struct{})}
 	a := agent.New(agent.Config{
 		URL: s.env.URL, Token: s.env.ClientKey(t, user), ClientID: clientID, Name: "sdktest",
-		Labels: labels, Flows: flows, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		Labels: labels, Flows: flows, MaxFlows: maxFlows, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 	})
 	a.Handle("echo", agent.Echo())
 	a.Handle(cmdFail, func(context.Context, *protocol.Command, agent.Output) (any, error) {
@@ -124,11 +131,19 @@ type rawClient struct {
 	conn  *websocket.Conn
 	pongs chan struct{}
 	done  chan struct{}
+	// creates receives the broker's create_context frames.
+	creates chan *protocol.CreateContext
 }
 
 // raw connects a console client that reports contexts, and waits until the
 // broker applied the report.
 func (s *suite) raw(user, clientID string, contexts ...protocol.ContextReport) *rawClient {
+	s.t.Helper()
+	return s.rawRoom(user, clientID, 0, contexts...)
+}
+
+// rawRoom is raw for a client whose hello says it can hold maxContexts.
+func (s *suite) rawRoom(user, clientID string, maxContexts int, contexts ...protocol.ContextReport) *rawClient {
 	t := s.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
@@ -136,7 +151,8 @@ func (s *suite) raw(user, clientID string, contexts ...protocol.ContextReport) *
 	url := "ws" + strings.TrimPrefix(s.env.URL, "http") + "/ws/v1/client"
 	conn, _, err := websocket.Dial(ctx, url, nil)
 	require.NoError(t, err)
-	c := &rawClient{t: t, conn: conn, pongs: make(chan struct{}, 16), done: make(chan struct{})}
+	c := &rawClient{t: t, conn: conn, pongs: make(chan struct{}, 16), done: make(chan struct{}),
+		creates: make(chan *protocol.CreateContext, 16)}
 	welcome := make(chan error, 1)
 	go c.read(welcome)
 	t.Cleanup(func() {
@@ -144,7 +160,8 @@ func (s *suite) raw(user, clientID string, contexts ...protocol.ContextReport) *
 		<-c.done
 	})
 	c.send(&protocol.Hello{Protocol: protocol.ProtocolVersion, Token: s.env.ClientKey(t, user),
-		ClientID: clientID, ClientType: protocol.ClientConsole, Name: "sdktest-raw"})
+		ClientID: clientID, ClientType: protocol.ClientConsole, Name: "sdktest-raw",
+		Capacity: &protocol.Capacity{MaxContexts: maxContexts}})
 	select {
 	case err := <-welcome:
 		require.NoError(t, err, "hello")
@@ -183,6 +200,8 @@ func (c *rawClient) read(welcome chan<- error) {
 			}
 		case *protocol.Pong:
 			c.pongs <- struct{}{}
+		case *protocol.CreateContext:
+			c.creates <- f
 		}
 	}
 }
@@ -216,4 +235,22 @@ func worker(id string) protocol.ContextReport {
 
 func human(id string) protocol.ContextReport {
 	return protocol.ContextReport{ContextID: id, TabID: "tab-" + id, Owner: protocol.OwnerHuman}
+}
+
+// nextCreate returns the next create_context the broker sent.
+func (c *rawClient) nextCreate() *protocol.CreateContext {
+	c.t.Helper()
+	select {
+	case f := <-c.creates:
+		return f
+	case <-time.After(guard):
+		c.t.Fatal("no create_context arrived")
+		return nil
+	}
+}
+
+func createdAs(id, requestID string) protocol.ContextReport {
+	r := worker(id)
+	r.RequestID = requestID
+	return r
 }

@@ -30,6 +30,12 @@ type Env struct {
 	// Disconnect closes a client's connection as an admin does (4403); it
 	// reports whether the client was connected.
 	Disconnect func(userID, clientID string) bool
+	// PendingCreations counts the broker's create_context requests still
+	// waiting for their context: an abandoned acquire's is gone once the
+	// broker noticed its caller went away.
+	PendingCreations func() int
+	// SetQuotas puts the quota file doc (YAML, DESIGN §10) in force.
+	SetQuotas func(t *testing.T, doc string)
 	// SendToken sends an "echo" command through a bare lease token, the way
 	// the implementation's backend does for a handle. No Handle can carry a
 	// token the broker never issued, so this is how unknown_lease is reached.

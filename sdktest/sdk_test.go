@@ -11,6 +11,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/sdktest"
 	"github.com/cheetahbroker/cheetah/server"
@@ -117,7 +118,13 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 		ClientKey: func(t *testing.T, userID string) string {
 			return makeKey(t, b, auth.Client, userID)
 		},
-		Revoke: b.Registry.Revoke,
+		Revoke:           b.Registry.Revoke,
+		PendingCreations: func() int { return b.Registry.Stats().Creations },
+		SetQuotas: func(t *testing.T, doc string) {
+			qs, err := quota.Parse([]byte(doc))
+			require.NoError(t, err)
+			b.Registry.SetQuotas(qs)
+		},
 		Disconnect: func(userID, clientID string) bool {
 			return b.Registry.DisconnectClient(userID, clientID, protocol.CloseForbidden, "disconnected by the test")
 		},

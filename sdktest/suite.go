@@ -88,6 +88,10 @@ var scenarios = []scenario{
 	{"HistoryList", historyList},
 	{"PayloadLimits", payloadLimits},
 	{"CallbackToPrivateAddress", callbackToPrivateAddress},
+	{"CreateContext", createContext},
+	{"CreateFailures", createFailures},
+	{"Affinity", affinity},
+	{"QuotaExceededAndWait", quotaExceededAndWait},
 }
 
 // ---- helpers ----
@@ -887,6 +891,14 @@ func invalidAcquire(s *suite) {
 		labels[fmt.Sprint("k", i)] = "v"
 	}
 	bad(with(func(r *cheetah.AcquireRequest) { r.Labels = labels }), "33 labels")
+	bad(with(func(r *cheetah.AcquireRequest) { r.TenantID = "bad tenant" }), "tenant id")
+	bad(with(func(r *cheetah.AcquireRequest) { r.AffinityKey = strings.Repeat("k", cheetah.MaxAffinityKeyLen+1) }), "affinity key too long")
+	for _, d := range []time.Duration{-time.Millisecond, cheetah.MaxCreateTimeout + time.Millisecond} {
+		bad(with(func(r *cheetah.AcquireRequest) { r.Create = &cheetah.CreateSpec{Timeout: d} }), "create timeout "+d.String())
+	}
+	bad(with(func(r *cheetah.AcquireRequest) {
+		r.Create = &cheetah.CreateSpec{URL: strings.Repeat("u", cheetah.MaxCreateURLLen+1)}
+	}), "create url too long")
 
 	// The limits themselves are valid: these fail only for want of a client.
 	for _, r := range []cheetah.AcquireRequest{
@@ -894,6 +906,7 @@ func invalidAcquire(s *suite) {
 		with(func(r *cheetah.AcquireRequest) { r.TTL = time.Second }),
 		with(func(r *cheetah.AcquireRequest) { r.TaskID = strings.Repeat("x", 256) }),
 		with(func(r *cheetah.AcquireRequest) { r.UserID = strings.Repeat("u", 128) }),
+		with(func(r *cheetah.AcquireRequest) { r.AffinityKey = strings.Repeat("k", cheetah.MaxAffinityKeyLen) }),
 	} {
 		_, err := s.m.Acquire(s.ctx, r)
 		require.Equal(t, cheetah.ReasonNoEligibleClient, noContextReason(t, err, "valid request"))

@@ -24,6 +24,8 @@ func (s *Server) adminRoutes(admin *gin.RouterGroup) {
 	admin.GET("/leases", s.leases)
 	admin.POST("/users/:user_id/clients/:client_id/contexts/:context_id/revoke", s.revoke)
 	admin.DELETE("/users/:user_id/clients/:client_id", s.disconnect)
+	admin.GET("/quotas", s.quotas)
+	admin.POST("/quotas/reload", s.reloadQuotas)
 }
 
 // Every admin view covers every replica (server/cluster.go).
@@ -108,7 +110,7 @@ func (s *Server) createKey(c *gin.Context) {
 	if !s.bind(c, &b) {
 		return
 	}
-	created, err := s.keys.Create(c.Request.Context(), auth.Kind(b.Kind), b.UserID, b.Name)
+	created, err := s.keys.Make(c.Request.Context(), auth.Spec{Kind: auth.Kind(b.Kind), UserID: b.UserID, TenantID: b.TenantID, Name: b.Name})
 	if err != nil {
 		s.fail(c, err)
 		return

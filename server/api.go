@@ -198,6 +198,7 @@ var statusOf = map[string]int{
 	cheetah.CodeRateLimited:        http.StatusTooManyRequests,
 	cheetah.CodeStoreUnavailable:   http.StatusServiceUnavailable,
 	cheetah.CodeOverloaded:         http.StatusServiceUnavailable,
+	cheetah.CodeQuotaUnavailable:   http.StatusServiceUnavailable,
 }
 
 // fail answers err in the envelope. An error of no known kind is logged and
@@ -216,7 +217,7 @@ func (s *Server) fail(c *gin.Context, err error) {
 	if code == cheetah.CodeStoreUnavailable {
 		s.reqLog(c).Warn("store unavailable", "route", c.FullPath(), "err", err)
 	}
-	c.AbortWithStatusJSON(status, cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: code, Message: msg, Reason: reason}})
+	c.AbortWithStatusJSON(status, cheetah.Envelope{Error: &cheetah.EnvelopeError{Code: code, Message: msg, Reason: reason, Details: cheetah.Details(err)}})
 }
 
 func (s *Server) acquire(c *gin.Context) {
@@ -229,7 +230,27 @@ func (s *Server) acquire(c *gin.Context) {
 		return
 	}
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
-		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse}
+		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse,
+		TenantID: b.TenantID, AffinityKey: b.AffinityKey}
+	// A tenant-bound app key acts for its tenant alone (DESIGN §10).
+	if key, _ := c.Get(keyCtx); key.(auth.Key).TenantID != "" {
+		bound := key.(auth.Key).TenantID
+		if b.TenantID != "" && b.TenantID != bound {
+			s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "this key is bound to another tenant: it may act for its own alone"})
+			return
+		}
+		req.TenantID = bound
+	}
+	if b.Create != nil {
+		req.Create = &cheetah.CreateSpec{URL: b.Create.URL}
+		if t := b.Create.TimeoutMS; t != nil {
+			if *t < 1 || *t > cheetah.MaxCreateTimeout.Milliseconds() {
+				s.fail(c, cheetah.Invalidf("%s", cheetah.MsgCreateTimeout))
+				return
+			}
+			req.Create.Timeout = time.Duration(*t) * time.Millisecond
+		}
+	}
 	if b.TTLS != nil {
 		ttl, ok := ttlOf(*b.TTLS)
 		if !ok {

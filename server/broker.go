@@ -65,6 +65,9 @@ type Options struct {
 	// RetentionInterval (an hour), by Clock.
 	HistoryRetention  time.Duration
 	RetentionInterval time.Duration
+	// QuotaFile is the quota funnel's YAML file (DESIGN §10); empty runs
+	// without quotas. A broken file fails Open.
+	QuotaFile string
 	// Listen is the address the broker's HTTP server listens on, if any.
 	// Open does not listen; it writes this in the SQLite database's lock
 	// file, so that a second broker refused on the same data directory
@@ -100,7 +103,9 @@ type Broker struct {
 	// Cluster is this broker's membership among the replicas of its
 	// PostgreSQL; nil when it is alone (Options.AdvertiseURL).
 	Cluster *cluster.Member
-	ownTel  bool // Open built Telemetry, so Close shuts it down
+	// Quotas is the quota file, when Options.QuotaFile named one.
+	Quotas *QuotaFile
+	ownTel bool // Open built Telemetry, so Close shuts it down
 }
 
 // Open opens the store (applying migrations), marks commands left in flight
@@ -193,9 +198,19 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		store.Close()
 		return nil, err
 	}
+	var quotas *QuotaFile
+	if o.QuotaFile != "" {
+		if quotas, err = OpenQuotaFile(o.QuotaFile, reg, o.Log); err != nil {
+			reg.Close()
+			hooks.Close()
+			store.Close()
+			return nil, err
+		}
+	}
 	// The worker wakes when a command with a callback ends durably here.
 	reg.Subscribe(hooks.Observe)
 	srv, err := New(Config{
+		Quotas:   quotas,
 		Registry: reg, Store: store, Keys: keys, Log: o.Log, Clock: o.Clock,
 		Heartbeat: o.Heartbeat, MaxMessageBytes: o.MaxMessageBytes,
 		KeyRateLimit: o.KeyRateLimit, FrameRateLimit: o.FrameRateLimit, MaxBodyBytes: o.MaxBodyBytes,
@@ -219,7 +234,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 	hooks.Start()
 	ret.Start()
 	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Retention: ret, Telemetry: tel,
-		Cluster: member}, nil
+		Cluster: member, Quotas: quotas}, nil
 }
 
 // markInterrupted ends, at start, what a broker alone on its database had

@@ -96,6 +96,9 @@ type Config struct {
 	// PeerTransport carries requests to the other replicas; nil is a clone
 	// of http.DefaultTransport.
 	PeerTransport http.RoundTripper
+	// Quotas is the quota file POST /api/v1/admin/quotas/reload reads
+	// again; nil when the broker runs without one.
+	Quotas *QuotaFile
 }
 
 func (c *Config) fill() {

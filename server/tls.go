@@ -113,6 +113,12 @@ func (r *CertReloader) Certificate() *x509.Certificate {
 // ReloadOnSIGHUP makes every SIGHUP the process gets call Reload, until
 // the returned stop is called; stop waits for the goroutine it started.
 func (r *CertReloader) ReloadOnSIGHUP() (stop func()) {
+	return onSIGHUP(func() { _ = r.Reload() }) // refresh logs the outcome
+}
+
+// onSIGHUP calls f on every SIGHUP the process gets, one at a time, until
+// the returned stop is called; stop waits for the goroutine it started.
+func onSIGHUP(f func()) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	done := make(chan struct{})
@@ -121,7 +127,7 @@ func (r *CertReloader) ReloadOnSIGHUP() (stop func()) {
 		for {
 			select {
 			case <-hup:
-				_ = r.Reload() // refresh logs the outcome
+				f()
 			case <-done:
 				return
 			}

@@ -617,9 +617,19 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 	s.att = s.srv.reg.Connect(registry.ClientInfo{
 		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
 		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
+		MaxContexts: maxContexts(h),
 	}, s)
 	s.log.Info("client connected", "client_type", h.ClientType, "name", h.Name, "version", h.Version)
 	return true
+}
+
+// maxContexts is how many contexts a client says it can hold (0: it
+// opens none on request).
+func maxContexts(h *protocol.Hello) int {
+	if h.Capacity == nil {
+		return 0
+	}
+	return h.Capacity.MaxContexts
 }
 
 // handle acts on one frame after hello.
@@ -647,6 +657,8 @@ func (s *session) handle(ctx context.Context, f protocol.Frame) bool {
 		s.srv.reg.ClientMessage(ctx, s.att, f)
 	case *protocol.Ack, *protocol.Progress, *protocol.Event, *protocol.Capture, *protocol.Result:
 		s.srv.reg.ClientMessage(ctx, s.att, f)
+	case *protocol.CreateFailed:
+		s.srv.reg.CreateFailed(s.att, f)
 	default:
 		// A broker-to-client frame sent by a client: known to the protocol,
 		// but not a thing a client says.

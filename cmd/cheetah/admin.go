@@ -239,9 +239,10 @@ type keysCmd struct {
 
 type keysCreateCmd struct {
 	adminFlags
-	Kind string `required:"" enum:"client,app,admin" help:"client, app or admin."`
-	User string `help:"The user a client key is bound to."`
-	Name string `help:"A name for operators."`
+	Kind   string `required:"" enum:"client,app,admin" help:"client, app or admin."`
+	User   string `help:"The user a client key is bound to."`
+	Tenant string `help:"The tenant an app key is bound to: it acts for that tenant alone (quotas)."`
+	Name   string `help:"A name for operators."`
 }
 
 func (c *keysCreateCmd) Run() error {
@@ -251,7 +252,12 @@ func (c *keysCreateCmd) Run() error {
 		}
 	}
 	var out auth.Created
-	body := map[string]string{"kind": c.Kind, "user_id": c.User, "name": c.Name}
+	if c.Tenant != "" {
+		if err := checkIDs("tenant", c.Tenant); err != nil {
+			return err
+		}
+	}
+	body := cheetah.CreateKeyBody{Kind: c.Kind, UserID: c.User, Name: c.Name, TenantID: c.Tenant}
 	if err := c.call("POST", "/api/v1/admin/keys", body, &out); err != nil {
 		return err
 	}
@@ -385,10 +391,48 @@ func classify(err error) error {
 		return exitErr(exitNotFound, err)
 	case cheetah.CodeUnauthorized, cheetah.CodeForbidden:
 		return exitErr(exitDenied, err)
-	case cheetah.CodeStoreUnavailable, cheetah.CodeOverloaded, "":
+	case cheetah.CodeStoreUnavailable, cheetah.CodeOverloaded, cheetah.CodeQuotaUnavailable, "":
 		return exitErr(exitUnavailable, err)
 	case cheetah.CodeInvalidRequest:
 		return exitErr(exitUsage, err)
 	}
 	return exitErr(exitError, err)
+}
+
+type quotasCmd struct {
+	adminFlags
+	Reload bool `help:"Read the broker's quota file again first (as SIGHUP does)."`
+}
+
+func (c *quotasCmd) Run() error {
+	if c.Reload {
+		if err := c.call("POST", "/api/v1/admin/quotas/reload", nil, nil); err != nil {
+			return err
+		}
+	}
+	var out registry.QuotasView
+	if err := c.call("GET", "/api/v1/admin/quotas", nil, &out); err != nil {
+		return err
+	}
+	return c.print(out, func(w io.Writer) {
+		if out.Broken != "" {
+			fmt.Fprintf(w, "BROKEN: %s\nAcquires these quotas govern fail quota_unavailable until a good file is loaded.\n\n", out.Broken)
+		}
+		fmt.Fprintln(w, "QUOTA\tLEVEL\tSCOPE\tUSED\tCAP")
+		for _, q := range out.Quotas {
+			capOf := func(n int) string {
+				if n == 0 {
+					return "-"
+				}
+				return fmt.Sprint(n)
+			}
+			fmt.Fprintf(w, "%s\tglobal\t\t%d\t%s\n", q.Name, q.Occupancy.Global.Used, capOf(q.Occupancy.Global.Cap))
+			for _, u := range q.Occupancy.Tenants {
+				fmt.Fprintf(w, "%s\ttenant\t%s\t%d\t%s\n", q.Name, u.TenantID, u.Used, capOf(u.Cap))
+			}
+			for _, u := range q.Occupancy.Users {
+				fmt.Fprintf(w, "%s\tuser\t%s/%s\t%d\t%s\n", q.Name, u.TenantID, u.UserID, u.Used, capOf(u.Cap))
+			}
+		}
+	})
 }

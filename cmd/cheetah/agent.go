@@ -25,6 +25,7 @@ type agentCmd struct {
 	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
 	Name      string            `help:"A name shown to operators; default: the hostname."`
 	Flows     int               `default:"1" help:"How many console flows (contexts) to offer."`
+	MaxFlows  int               `name:"max-flows" default:"0" help:"How many flows the agent may hold in all: it opens more, up to this, when the broker asks (acquire with create); 0 is --flows."`
 	Allow     []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
 	Labels    map[string]string `help:"Labels for placement, as key=value;…"`
 	LogLevel  string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
@@ -38,6 +39,9 @@ func (c *agentCmd) Run() error {
 	}
 	if err := checkURL(c.URL, "http", "https", "ws", "wss"); err != nil {
 		return err
+	}
+	if c.MaxFlows != 0 && (c.MaxFlows < c.Flows || c.MaxFlows > 256) {
+		return usageErr("--max-flows must be from --flows to 256")
 	}
 	if c.Flows < 1 || c.Flows > 256 {
 		return usageErr("--flows must be from 1 to 256")
@@ -78,7 +82,7 @@ func (c *agentCmd) Run() error {
 	}
 	a := agent.New(agent.Config{
 		URL: c.URL, TLSConfig: tc, Token: c.Key, ClientID: c.ClientID, Name: c.Name, Version: version,
-		Labels: c.Labels, Flows: c.Flows, Log: log, TracerProvider: tel.TracerProvider(),
+		Labels: c.Labels, Flows: c.Flows, MaxFlows: c.MaxFlows, Log: log, TracerProvider: tel.TracerProvider(),
 		Effects: map[string]string{"echo": agent.EchoEffect, "exec": agent.ExecEffect},
 	})
 	a.Handle("echo", agent.Echo())

@@ -31,6 +31,7 @@ type cli struct {
 	Keys       keysCmd       `cmd:"" group:"admin" help:"Make, list and revoke API keys."`
 	Revoke     revokeCmd     `cmd:"" group:"admin" help:"End the lease on a context (reason revoked)."`
 	Disconnect disconnectCmd `cmd:"" group:"admin" help:"Close a client's connection (4403)."`
+	Quotas     quotasCmd     `cmd:"" group:"admin" help:"Quotas: caps, occupancy per level and scope; --reload reads the file again."`
 
 	Version versionCmd `cmd:"" help:"Print the version."`
 }

@@ -17,6 +17,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
@@ -45,6 +46,7 @@ type serveCmd struct {
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
 	AdvertiseURL     string        `name:"advertise-url" help:"Where the other replicas on the same PostgreSQL reach this one (http(s)://host:port); default: --listen's address."`
 	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands 2s after that. Shorter fails over sooner, and fences sooner on a slow database."`
+	QuotaFile        string        `name:"quota-file" env:"CHEETAH_QUOTA_FILE" type:"path" help:"YAML file of quota caps (global, tenant, user); reloaded on SIGHUP and by POST /api/v1/admin/quotas/reload. A broken file refuses to start."`
 }
 
 // shutdownGrace bounds what a graceful stop does after --shutdown-timeout:
@@ -68,6 +70,12 @@ func (c *serveCmd) Run() error {
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("--shutdown-timeout must not be negative")
+	}
+	// A quota file that does not load fails the start too.
+	if c.QuotaFile != "" {
+		if _, err := quota.Load(c.QuotaFile); err != nil {
+			return err
+		}
 	}
 	// A certificate that does not load fails the start, before anything else.
 	var certs *server.CertReloader
@@ -148,7 +156,7 @@ func (c *serveCmd) Run() error {
 		KeyRateLimit: c.KeyRateLimit, FrameRateLimit: c.FrameRateLimit,
 		MaxInFlightPerContext: c.MaxInFlight, MaxPendingHellos: c.MaxPendingHellos, MaxBodyBytes: c.MaxBodyBytes, AllowedOrigins: c.AllowedOrigins, LoopbackOnly: loopback(c.Listen),
 		WebhookAllowPrivate: c.WebhookPrivate, Telemetry: tel,
-		HistoryRetention: c.HistoryRetention, Listen: c.Listen, AdvertiseURL: advertise, ReplicaTTL: c.ReplicaTTL,
+		HistoryRetention: c.HistoryRetention, Listen: c.Listen, AdvertiseURL: advertise, ReplicaTTL: c.ReplicaTTL, QuotaFile: c.QuotaFile,
 	}, server.DefaultRetry)
 	if err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
@@ -178,6 +186,9 @@ func (c *serveCmd) Run() error {
 	if secret != "" {
 		// Shown once, on the terminal, never through the logger.
 		fmt.Fprintf(os.Stdout, "\nNo admin key existed, so one was made. It is shown only this once:\n\n    %s\n\nKeep it; use it as: Authorization: Bearer <key>\n\n", secret)
+	}
+	if b.Quotas != nil {
+		defer b.Quotas.ReloadOnSIGHUP()()
 	}
 	front.Ready(b.Server.Handler())
 	attrs := []any{"listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),

@@ -15,6 +15,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 // BenchmarkAcquireRelease measures one acquire+release pair in process,
@@ -58,13 +59,35 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // and releasing it back to back. It reports the pair's p99 latency. The
 // clients' connections carry coalesced notices, as the server's do, and
 // never write them.
-func BenchmarkChurn64(b *testing.B) {
+func BenchmarkChurn64(b *testing.B) { churn64(b, nil) }
+
+// BenchmarkChurn64Quota is BenchmarkChurn64 with a three-level quota in
+// force over every acquire (caps it never reaches), to compare with it:
+// the cost of the funnel on the acquire path (issue 13's goal: at most
+// 1.2 times). Figures are read, never asserted.
+func BenchmarkChurn64Quota(b *testing.B) {
+	s, err := quota.Parse([]byte(`
+quotas:
+  - name: consoles
+    match: {client_type: console}
+    levels: {global: 100000, tenant: 50000, user: 10000}
+tenants:
+  acme: {consoles: {tenant: 60000}}
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	churn64(b, s)
+}
+
+func churn64(b *testing.B, quotas *quota.Set) {
 	store := historytest.NewSQLite(b)
 	reg, err := registry.New(context.Background(), registry.Config{Store: store, Clock: clockwork.NewRealClock()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer reg.Close()
+	reg.SetQuotas(quotas)
 	for i := range 63 {
 		var reps []protocol.ContextReport
 		for j := range 16 {
@@ -73,7 +96,7 @@ func BenchmarkChurn64(b *testing.B) {
 		att := reg.Connect(registry.ClientInfo{UserID: user, ClientID: fmt.Sprintf("c%d", i), Type: cheetah.Console}, heldConn{})
 		reg.Report(att, reps)
 	}
-	req := cheetah.AcquireRequest{UserID: user, TaskID: "bench", ClientType: cheetah.Console}
+	req := cheetah.AcquireRequest{UserID: user, TaskID: "bench", ClientType: cheetah.Console, TenantID: "acme"}
 	ctx := context.Background()
 	const acquirers = 64
 	var mu sync.Mutex

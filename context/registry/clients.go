@@ -16,6 +16,9 @@ type ClientInfo struct {
 	Labels    map[string]string
 	KeyID     string
 	SessionID string
+	// MaxContexts is hello.capacity.max_contexts: how many contexts the
+	// client can hold in all, for creation on demand (0: none on request).
+	MaxContexts int
 }
 
 // Attachment is one connection's hold on its client. The session passes it
@@ -50,6 +53,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	}
 	c.typ, c.name, c.version, c.labels = info.Type, info.Name, info.Version, info.Labels
 	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
+	c.maxContexts = info.MaxContexts
 	c.nconn, _ = conn.(NoticeConn)
 	c.reported = false
 	c.connectedAt = r.clock.Now()
@@ -95,7 +99,9 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
 		}
 		w.live = true
-		r.refreshIdle(w)
+		if rep.RequestID == "" || !r.settleCreation(w, rep.RequestID) {
+			r.refreshIdle(w)
+		}
 	}
 	for id, w := range c.contexts {
 		if !seen[id] {
@@ -134,6 +140,7 @@ func (r *Registry) disconnect(c *client) {
 func (r *Registry) detach(c *client) {
 	conn := c.conn
 	c.conn, c.nconn, c.notices = nil, nil, nil
+	r.failCreations(c, errCreationFailed) // the connection dropped first
 	c.reported = false
 	for _, w := range c.contexts {
 		w.live = false

@@ -14,13 +14,14 @@ func (r *Registry) IdleSince(req cheetah.AcquireRequest) (time.Time, bool) {
 	if normalizeAcquire(&req, r.cfg.DefaultTTL) != nil {
 		return time.Time{}, false
 	}
+	var scratch lease // pickIdle notes the affinity outcome on it
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.users[req.UserID]
 	if p == nil {
 		return time.Time{}, false
 	}
-	w := r.pickIdle(p, &req)
+	w := r.pickIdle(p, &req, &scratch)
 	if w == nil {
 		return time.Time{}, false
 	}

@@ -41,6 +41,8 @@ func (r *Registry) Drain() {
 		}
 		p.waiters.Init()
 	}
+	r.quotas.waiters.Init()
+	r.failCreations(nil, errShuttingDown)
 }
 
 // WaitIdle waits until no command is in flight, or ctx ends. It is for

@@ -179,6 +179,9 @@ func requireZero(t *testing.T, reg *registry.Registry) {
 	require.Zero(t, s.Preserving, "preserving")
 	require.Zero(t, s.Clients, "clients")
 	require.Zero(t, s.Contexts, "contexts")
+	require.Zero(t, s.Slots, "quota slots")
+	require.Zero(t, s.QuotaWaiters, "quota waiters")
+	require.Zero(t, s.Creations, "creations")
 }
 
 // faultyStore is a history store whose epoch reservations can be made to

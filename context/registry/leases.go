@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,6 +35,7 @@ type lease struct {
 	// gone of the commit of its deletion.
 	stored        time.Time
 	durable, gone chan error
+	placement
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
@@ -86,6 +88,9 @@ type waiter struct {
 	l     *lease             // the lease it will get, made off the lock
 	ch    chan acquireResult // buffered: the hand-off never blocks
 	elem  *list.Element
+	pool  *pool
+	// qelem is its place among the quota waiters, when a quota governs it.
+	qelem *list.Element
 }
 
 type acquireResult struct {
@@ -102,6 +107,7 @@ func (l *lease) view(token string) cheetah.Lease {
 		ClientType: w.client.typ, TaskID: l.taskID, Epoch: l.epoch,
 		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
 	}
+	l.placement.describe(&v)
 	return v
 }
 
@@ -150,16 +156,31 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	// The token, its digest and the lease are made off the lock.
 	token := newToken(r.cfg.TokenTag)
 	nl := &lease{key: keyOf(token), heapIndex: -1, acquired: sc}
+	r.governing(nl, req)
+	var cr *creation
+	if req.Create != nil {
+		cr = newCreation(req, nl, r.cfg.TokenTag)
+	}
 	r.mu.Lock()
 	var p *pool
 	var deadline time.Time // of the wait for epochs, once one was needed
+	quotaFull := false
 	for {
 		if r.draining {
 			r.mu.Unlock()
 			return cheetah.Lease{}, errShuttingDown
 		}
 		p = r.poolFor(req.UserID)
-		w := r.pickIdle(p, req)
+		if qerr := r.quotaAdmit(nl, req); qerr != nil {
+			if req.Wait <= 0 || !errors.Is(qerr, cheetah.ErrNoContextAvailable) {
+				r.dropPoolIfEmpty(p)
+				r.mu.Unlock()
+				return cheetah.Lease{}, qerr
+			}
+			quotaFull = true
+			break
+		}
+		w := r.pickIdle(p, req, nl)
 		if w == nil {
 			break
 		}
@@ -172,14 +193,21 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		r.mu.Unlock()
 		return l, err
 	}
+	if req.Create != nil && !quotaFull {
+		// Nothing idle: a client is asked to open a context (create.go).
+		return r.startCreation(ctx, p, cr)
+	}
 	if req.Wait <= 0 {
-		reason := r.missReason(p, req)
+		err := r.miss(p, req, nl)
 		r.dropPoolIfEmpty(p)
 		r.mu.Unlock()
-		return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
+		return cheetah.Lease{}, err
 	}
-	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1)}
+	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1), pool: p}
 	wt.elem = p.waiters.PushBack(wt)
+	if len(nl.charges) > 0 {
+		wt.qelem = r.quotas.waiters.PushBack(wt)
+	}
 	r.mu.Unlock()
 
 	t := r.clock.NewTimer(req.Wait)
@@ -195,24 +223,37 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if wt.elem == nil {
-		// A context was handed over just as the wait ended. A caller that
-		// went away would never learn of it, so it goes back at once.
-		res := <-wt.ch
-		if cause != nil && res.err == nil {
-			r.release(keyOf(res.lease.LeaseToken), res.lease)
-			return cheetah.Lease{}, cause
-		}
-		return res.lease, res.err
+		// A context was handed over just as the wait ended.
+		return r.settleWait(<-wt.ch, cause)
 	}
-	p.waiters.Remove(wt.elem)
-	wt.elem = nil
+	r.unwait(wt)
 	if cause != nil {
 		r.dropPoolIfEmpty(p)
 		return cheetah.Lease{}, cause
 	}
-	reason := r.missReason(p, req)
+	err := r.miss(p, req, nl)
 	r.dropPoolIfEmpty(p)
-	return cheetah.Lease{}, &cheetah.NoContextError{Reason: reason}
+	return cheetah.Lease{}, err
+}
+
+// settleWait is the outcome of a wait that was handed res: a lease that a
+// caller who went away (gone is why) would never learn of goes back at
+// once; r.mu is held.
+func (r *Registry) settleWait(res acquireResult, gone error) (cheetah.Lease, error) {
+	if gone != nil && res.err == nil {
+		r.release(keyOf(res.lease.LeaseToken), res.lease)
+		return cheetah.Lease{}, gone
+	}
+	return res.lease, res.err
+}
+
+// miss is why nothing could be assigned to req: a full quota first, then
+// missReason; r.mu is held.
+func (r *Registry) miss(p *pool, req *cheetah.AcquireRequest, l *lease) error {
+	if err := r.quotaAdmit(l, req); err != nil {
+		return err
+	}
+	return &cheetah.NoContextError{Reason: r.missReason(p, req)}
 }
 
 func normalizeAcquire(req *cheetah.AcquireRequest, defaultTTL time.Duration) error {
@@ -245,6 +286,16 @@ func normalizeAcquire(req *cheetah.AcquireRequest, defaultTTL time.Duration) err
 	if req.Wait < 0 || req.Wait > MaxWait {
 		return cheetah.Invalidf("%s", cheetah.MsgWait)
 	}
+	if req.Create != nil {
+		c := *req.Create // the caller's stays as it was
+		req.Create = &c
+	}
+	if err := cheetah.CheckPlacement(req); err != nil {
+		return err
+	}
+	if req.TenantID == "" {
+		req.TenantID = cheetah.DefaultTenant
+	}
 	return nil
 }
 
@@ -253,11 +304,20 @@ func validTTL(d time.Duration) bool {
 	return d >= MinTTL && d <= MaxTTL && d%time.Second == 0
 }
 
-// pickIdle returns the longest-idle context matching req; r.mu is held.
-func (r *Registry) pickIdle(p *pool, req *cheetah.AcquireRequest) *wctx {
+// pickIdle returns the context to assign to req, to become l: with an
+// affinity key, the longest-idle matching one whose last lease carried it,
+// else the longest-idle matching one; r.mu is held.
+func (r *Registry) pickIdle(p *pool, req *cheetah.AcquireRequest, l *lease) *wctx {
 	lst := p.idle[req.ClientType]
 	if lst == nil {
 		return nil
+	}
+	if req.AffinityKey != "" {
+		if w := lst.affine(req); w != nil {
+			l.affinity = affinityHit
+			return w
+		}
+		l.affinity = affinityMiss
 	}
 	for w := lst.head; w != nil; w = w.idleNext {
 		if w.matches(req) {
@@ -300,6 +360,8 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
 	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
 	w.lease = l
+	w.affinityKey = req.AffinityKey
+	r.charge(l)
 	r.refreshIdle(w)
 	r.leases[l.key] = l
 	r.pushDeadline(l)
@@ -330,6 +392,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	r.emit(ev)
 	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
+	r.discharge(l) // after the event: a slot it frees goes to the next lease
 	r.refreshIdle(w)
 }
 

@@ -47,6 +47,10 @@ type client struct {
 	notices *Notices
 	// nconn is conn as a NoticeConn, when it is one (nil otherwise).
 	nconn NoticeConn
+	// maxContexts is its hello's capacity.max_contexts (0: it opens none
+	// on request), and creating the create_context requests it has not
+	// answered (create.go).
+	maxContexts, creating int
 }
 
 // wctx is a worker context: a tab or a console flow.
@@ -69,6 +73,8 @@ type wctx struct {
 	inflight int
 	// ident names it in the memory of ended leases (made on first use).
 	ident *ctxIdent
+	// affinityKey is the affinity key of its last lease ("" for none).
+	affinityKey string
 }
 
 func (r *Registry) poolFor(userID string) *pool {
@@ -146,9 +152,9 @@ func (r *Registry) refreshIdle(w *wctx) {
 	now := r.clock.Now()
 	for e := p.waiters.Front(); e != nil; e = e.Next() {
 		wt := e.Value.(*waiter)
-		if w.matches(&wt.req) {
-			p.waiters.Remove(e)
-			wt.elem = nil
+		if w.matches(&wt.req) && r.quotaAdmit(wt.l, &wt.req) == nil {
+			r.unwait(wt)
+			wt.l.affinity = affinityOf(w, &wt.req)
 			l, err := r.assign(w, &wt.req, wt.l, wt.token, now)
 			wt.ch <- acquireResult{lease: l, err: err}
 			if err == nil {

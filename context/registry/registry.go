@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -17,6 +18,7 @@ import (
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 // Store is what the registry needs of the durable history. The registry
@@ -193,6 +195,14 @@ type Registry struct {
 	draining bool
 	idle     chan struct{}
 
+	// quotas are the quota funnel's caps and slots (quotas.go); qset is
+	// quotas.set, read off the lock.
+	quotas quotaState
+	// creations are the create_context requests waiting for their
+	// context, by request id (create.go).
+	creations map[string]*creation
+	qset      atomic.Pointer[quota.Set]
+
 	// after acts on what was decided under r.mu: the outbox of writes and
 	// the queue of events (outbox.go).
 	after afterLock
@@ -295,6 +305,8 @@ func (r *Registry) Close() {
 			wt.ch <- acquireResult{err: shutdown}
 		}
 		p.waiters.Init()
+		r.quotas.waiters.Init()
+		r.failCreations(nil, shutdown)
 		for _, c := range p.clients {
 			if c.grace != nil {
 				c.grace.Stop()
@@ -355,6 +367,11 @@ func (r *Registry) Close() {
 type Stats struct {
 	Clients, Contexts, Leases, Heap, Commands, Waiters, Preserving int
 	Ended, Finished                                                int
+	// Slots counts the quota slots in use, every level and scope of every
+	// quota (quotas.go), and QuotaWaiters the waiting acquires quotas govern.
+	Slots, QuotaWaiters int
+	// Creations counts the create_context requests waiting for a context.
+	Creations int
 }
 
 // Stats returns the current counts.
@@ -373,6 +390,7 @@ func (r *Registry) Stats() Stats {
 	for _, l := range r.leases {
 		s.Preserving += l.preserve
 	}
+	s.Slots, s.QuotaWaiters, s.Creations = r.quotas.slots(), r.quotas.waiters.Len(), len(r.creations)
 	return s
 }
 

@@ -39,6 +39,8 @@ const (
 	attrState      = attribute.Key("state")
 	attrName       = attribute.Key("name")
 	attrStatus     = attribute.Key("status")
+	attrQuota      = attribute.Key("quota")
+	attrQuotaLevel = attribute.Key("quota_level")
 
 	spanUserID      = attribute.Key("cheetah.user_id")
 	spanTaskID      = attribute.Key("cheetah.task_id")
@@ -88,7 +90,7 @@ type durationKey struct {
 	status cheetah.Status
 }
 
-type acquireKey struct{ outcome, reason, typ string }
+type acquireKey struct{ outcome, reason, typ, level string }
 
 var lostReasons = []cheetah.LostReason{
 	cheetah.LostUnknownLease, cheetah.LostContextGone, cheetah.LostNotLive, cheetah.LostNotWorker,
@@ -168,7 +170,22 @@ func newTelemetry(r *Registry, tp trace.TracerProvider, mp metric.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
+	quotaUsed, err := m.Int64ObservableGauge("cheetah.quota.used", metric.WithUnit("{slot}"),
+		metric.WithDescription("Quota slots in use by quota and level; for tenant and user, the fullest scope's."))
+	if err != nil {
+		return nil, err
+	}
+	quotaFull, err := m.Int64ObservableGauge("cheetah.quota.full_scopes", metric.WithUnit("{scope}"),
+		metric.WithDescription("Scopes whose slots are all in use, by quota and level."))
+	if err != nil {
+		return nil, err
+	}
 	t.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, q := range r.quotaGauges() {
+			attrs := metric.WithAttributes(attrQuota.String(q.quota), attrQuotaLevel.String(q.level))
+			o.ObserveInt64(quotaUsed, int64(q.used), attrs)
+			o.ObserveInt64(quotaFull, int64(q.full), attrs)
+		}
 		s := r.gauges()
 		o.ObserveInt64(leases, int64(s.leases))
 		o.ObserveInt64(inflight, int64(s.inflight))
@@ -180,7 +197,7 @@ func newTelemetry(r *Registry, tp trace.TracerProvider, mp metric.MeterProvider)
 			o.ObserveInt64(contexts, int64(n), metric.WithAttributes(attrClientType.String(k.typ), attrState.String(k.state)))
 		}
 		return nil
-	}, leases, inflight, clients, contexts, waiting)
+	}, leases, inflight, clients, contexts, waiting, quotaUsed, quotaFull)
 	if err != nil {
 		return nil, err
 	}
@@ -263,8 +280,11 @@ func (t *telemetry) acquireOpts(k acquireKey) []metric.AddOption {
 	if ok {
 		return opts
 	}
-	opts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
-		attrOutcome.String(k.outcome), attrReason.String(k.reason), attrClientType.String(k.typ)))}
+	attrs := []attribute.KeyValue{attrOutcome.String(k.outcome), attrReason.String(k.reason), attrClientType.String(k.typ)}
+	if k.level != "" {
+		attrs = append(attrs, attrQuotaLevel.String(k.level))
+	}
+	opts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attrs...))}
 	t.acqMu.Lock()
 	t.acqOpts[k] = opts
 	t.acqMu.Unlock()
@@ -285,17 +305,21 @@ func (t *telemetry) acquired(ctx context.Context, span trace.Span, req *cheetah.
 			outcome = "error"
 		}
 	}
-	if reason == "" {
-		var nc *cheetah.NoContextError
-		if errors.As(err, &nc) {
+	level := ""
+	var nc *cheetah.NoContextError
+	if err != nil && errors.As(err, &nc) {
+		if reason == "" {
 			reason = string(nc.Reason)
+		}
+		if nc.Quota != nil {
+			level = nc.Quota.Level
 		}
 	}
 	typ := string(req.ClientType)
 	if !req.ClientType.Valid() {
 		typ = "invalid"
 	}
-	t.acquires.Add(ctx, 1, t.acquireOpts(acquireKey{outcome, reason, typ})...)
+	t.acquires.Add(ctx, 1, t.acquireOpts(acquireKey{outcome, reason, typ, level})...)
 	if span.IsRecording() {
 		span.SetAttributes(spanUserID.String(req.UserID), spanTaskID.String(req.TaskID),
 			spanClientType.String(typ), spanOutcome.String(outcome))

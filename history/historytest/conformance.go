@@ -586,7 +586,7 @@ func testKeys(t *testing.T, ctx context.Context, s *history.Store) {
 	now := time.Now()
 	keys := []history.Key{
 		{ID: "key_client", Kind: "client", UserID: "usr_1111", Name: "laptop", Hash: hash("a"), CreatedAt: now},
-		{ID: "key_app", Kind: "app", Name: "backend", Hash: hash("b"), WebhookSecret: "whsec_c2VjcmV0", CreatedAt: now.Add(time.Second)},
+		{ID: "key_app", Kind: "app", Name: "backend", Hash: hash("b"), WebhookSecret: "whsec_c2VjcmV0", TenantID: "acme", CreatedAt: now.Add(time.Second)},
 		{ID: "key_admin", Kind: "admin", Name: "bootstrap", Hash: hash("c"), CreatedAt: now.Add(2 * time.Second)},
 	}
 	for _, k := range keys {
@@ -619,6 +619,8 @@ func testKeys(t *testing.T, ctx context.Context, s *history.Store) {
 	}
 	require.Equal(t, int64(1), count("app"))
 	require.Equal(t, int64(3), count(""))
+	require.Equal(t, "acme", got.TenantID, "a tenant-bound app key keeps its tenant")
+	require.Empty(t, list[0].TenantID)
 
 	at := now.Add(time.Hour)
 	ok, err := s.RevokeKey(ctx, "key_app", at)

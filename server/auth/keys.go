@@ -49,6 +49,7 @@ type Key struct {
 	ID        string     `json:"id"`
 	Kind      Kind       `json:"kind"`
 	UserID    string     `json:"user_id,omitempty"`
+	TenantID  string     `json:"tenant_id,omitempty"`
 	Name      string     `json:"name"`
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
@@ -108,6 +109,22 @@ func (k *Keys) HasBootstrap() bool { return k.bootstrap != nil }
 // Create makes a key of kind for userID (client keys only) and returns it
 // with its secret, the only time the secret is shown.
 func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Created, error) {
+	return k.Make(ctx, Spec{Kind: kind, UserID: userID, Name: name})
+}
+
+// Spec describes a key to make.
+type Spec struct {
+	Kind   Kind
+	UserID string // client keys only
+	// TenantID binds an app key to one tenant (DESIGN §10); app keys only.
+	TenantID string
+	Name     string
+}
+
+// Make makes the key sp describes and returns it with its secret, the only
+// time the secret is shown.
+func (k *Keys) Make(ctx context.Context, sp Spec) (Created, error) {
+	kind, userID, name := sp.Kind, sp.UserID, sp.Name
 	switch kind {
 	case Client:
 		if !protocol.ValidID(userID) {
@@ -120,6 +137,14 @@ func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Crea
 	default:
 		return Created{}, cheetah.Invalidf("kind must be client, app or admin")
 	}
+	if sp.TenantID != "" {
+		if kind != App {
+			return Created{}, cheetah.Invalidf("only an app key can be bound to a tenant: leave tenant_id out")
+		}
+		if err := cheetah.CheckID("tenant_id", sp.TenantID); err != nil {
+			return Created{}, err
+		}
+	}
 	if len(name) > cheetah.MaxKeyNameLen {
 		return Created{}, cheetah.Invalidf("name must be at most %d bytes", cheetah.MaxKeyNameLen)
 	}
@@ -129,7 +154,7 @@ func (k *Keys) Create(ctx context.Context, kind Kind, userID, name string) (Crea
 	id := hex.EncodeToString(random(6))
 	secret := base64.RawURLEncoding.EncodeToString(random(32))
 	sum := sha256.Sum256([]byte(secret))
-	rec := history.Key{ID: id, Kind: string(kind), UserID: userID, Name: name, Hash: sum[:], CreatedAt: k.now().UTC()}
+	rec := history.Key{ID: id, Kind: string(kind), UserID: userID, TenantID: sp.TenantID, Name: name, Hash: sum[:], CreatedAt: k.now().UTC()}
 	if kind != Client {
 		rec.WebhookSecret = "whsec_" + base64.StdEncoding.EncodeToString(random(24))
 	}
@@ -276,7 +301,7 @@ func (k *Keys) EnsureAdmin(ctx context.Context) (string, error) {
 }
 
 func toKey(r history.Key) Key {
-	return Key{ID: r.ID, Kind: Kind(r.Kind), UserID: r.UserID, Name: r.Name, CreatedAt: r.CreatedAt, RevokedAt: r.RevokedAt}
+	return Key{ID: r.ID, Kind: Kind(r.Kind), UserID: r.UserID, TenantID: r.TenantID, Name: r.Name, CreatedAt: r.CreatedAt, RevokedAt: r.RevokedAt}
 }
 
 func random(n int) []byte {
