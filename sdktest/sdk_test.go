@@ -82,6 +82,21 @@ func TestSDK(t *testing.T) {
 				SendToken: func(ctx context.Context, token string) error {
 					return c.Do(ctx, "POST", "/api/v1/commands", map[string]string{"name": "echo"}, nil, "X-Lease", token)
 				},
+				PendingCreations: func() int {
+					n := 0
+					for _, r := range rs {
+						n += r.Broker.Registry.Stats().Creations
+					}
+					return n
+				},
+				// Each replica counts the leases it holds (docs/cluster.md).
+				SetQuotas: func(t *testing.T, doc string) {
+					qs, err := quota.Parse([]byte(doc))
+					require.NoError(t, err)
+					for _, r := range rs {
+						r.Broker.Registry.SetQuotas(qs)
+					}
+				},
 				Skip: clusterKnown,
 			}
 		})

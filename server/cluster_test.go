@@ -64,7 +64,32 @@ func clusterAgent(t *testing.T, base, key, clientID string, flows int, handlers 
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent did not connect")
 	}
+	// Connected says the report was sent; the broker applies it soon after.
+	waitContexts(t, base, clientID, flows)
 	return a
+}
+
+// waitContexts waits until every replica's view shows clientID connected
+// with flows live contexts, none of them not live.
+func waitContexts(t *testing.T, base, clientID string, flows int) {
+	t.Helper()
+	admin := remote.NewClient(base, clusterAdminKey)
+	require.Eventually(t, func() bool {
+		var clients struct{ Clients []registry.ClientView }
+		var pools struct{ Pools []registry.PoolView }
+		if admin.Do(context.Background(), "GET", "/api/v1/admin/clients", nil, &clients) != nil ||
+			admin.Do(context.Background(), "GET", "/api/v1/admin/pools", nil, &pools) != nil {
+			return false
+		}
+		live := false
+		for _, c := range clients.Clients {
+			live = live || (c.ClientID == clientID && c.Connected && c.Contexts == flows)
+		}
+		for _, p := range pools.Pools {
+			live = live && p.Contexts[cheetah.StateNotLive] == 0
+		}
+		return live
+	}, 20*time.Second, 5*time.Millisecond, "client %s and its %d contexts are live", clientID, flows)
 }
 
 type leaseAnswer struct {
@@ -307,6 +332,7 @@ func TestClusterClientMovesWithItsLeases(t *testing.T) {
 		return rs[2].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/clients", nil, &clients) == nil &&
 			len(clients.Clients) == 1 && clients.Clients[0].Connected && clients.Clients[0].Replica == rs[1].Broker.Cluster.ID()
 	}, 20*time.Second, 10*time.Millisecond, "the agent is on replica 1")
+	waitContexts(t, rs[2].URL, "agent-m", 2)
 
 	// The old token works through every replica, on the same epoch.
 	for i, r := range rs {
