@@ -196,6 +196,16 @@ func (s *Store) PurgeBefore(ctx context.Context, t time.Time) (int64, error) {
 	return res.RowsAffected, nil
 }
 
+// EpochHighWater returns the highest epoch reserved so far, by any broker
+// on the database.
+func (s *Store) EpochHighWater(ctx context.Context) (int64, error) {
+	var high int64
+	if err := s.db.WithContext(ctx).Raw("SELECT high_water FROM epochs WHERE id = 1").Scan(&high).Error; err != nil {
+		return 0, fail("history.EpochHighWater", err)
+	}
+	return high, nil
+}
+
 // ReserveEpochs advances the persisted high-water mark by n and returns the
 // first of n epochs never issued before, by this process or any other, also
 // across restarts. One UPDATE … RETURNING makes it atomic on both dialects.

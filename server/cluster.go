@@ -157,12 +157,20 @@ const handOverTimeout = 5 * time.Second
 
 // adoptFromPeers asks every other replica to hand over the client that
 // just said hello here, and adopts what one hands over: a client that
-// reconnects through a balancer to another replica keeps its leases.
-func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) {
+// reconnects through a balancer to another replica keeps its leases. It
+// returns the epoch floor of the client here: the highest epoch issued
+// anywhere by then, which its contexts' epochs here must exceed (blocks of
+// epochs reserved by several replicas interleave).
+func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) (int64, error) {
 	m := s.cfg.Cluster
 	if m == nil {
-		return
+		return 0, nil
 	}
+	s.handOverFrom(ctx, m, userID, clientID)
+	return s.store.EpochHighWater(ctx)
+}
+
+func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, clientID string) {
 	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
 	defer cancel()
 	peers := m.Peers()

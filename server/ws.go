@@ -613,11 +613,16 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 	})
 	// Among replicas, the client may have been held by another one until
 	// now: it hands the client over, leases and all.
-	s.srv.adoptFromPeers(ctx, key.UserID, h.ClientID)
+	floor, err := s.srv.adoptFromPeers(ctx, key.UserID, h.ClientID)
+	if err != nil {
+		s.log.Warn("cluster: could not read the epoch high-water mark", "err", err)
+		s.Close(protocol.CloseGoingAway, "the broker cannot reach its database; connect again")
+		return false
+	}
 	s.att = s.srv.reg.Connect(registry.ClientInfo{
 		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
 		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
-		MaxContexts: maxContexts(h),
+		MaxContexts: maxContexts(h), EpochFloor: floor,
 	}, s)
 	s.log.Info("client connected", "client_type", h.ClientType, "name", h.Name, "version", h.Version)
 	return true

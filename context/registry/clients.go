@@ -19,6 +19,9 @@ type ClientInfo struct {
 	// MaxContexts is hello.capacity.max_contexts: how many contexts the
 	// client can hold in all, for creation on demand (0: none on request).
 	MaxContexts int
+	// EpochFloor, among replicas, is the highest epoch issued anywhere
+	// before the client came here: its contexts' epochs here are above it.
+	EpochFloor int64
 }
 
 // Attachment is one connection's hold on its client. The session passes it
@@ -55,6 +58,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
 	c.maxContexts = info.MaxContexts
 	c.nconn, _ = conn.(NoticeConn)
+	c.epochFloor = max(c.epochFloor, info.EpochFloor)
 	c.reported = false
 	c.connectedAt = r.clock.Now()
 	// The grace keeps running until the first state report, so a client that

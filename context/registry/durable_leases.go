@@ -88,8 +88,9 @@ func awaitStored(ctx context.Context, ch chan error) error {
 // AdoptOrphans takes in the leases of a connected client whose replica
 // died: rows the store marked orphaned (history.OrphanedLeases). Each goes
 // back on its context, with its token digest, task, epoch and the expiry
-// its row holds, if the context is here and free; the client is told of it
-// again. It returns how many it adopted.
+// its row holds, if the context is here, free, and was not leased here
+// since (a lease of a later epoch means the old one was lost); the client
+// is told of it again. It returns how many it adopted.
 func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -108,12 +109,14 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 			r.storeMoved(l)
 			continue
 		}
-		if w == nil || w.lease != nil {
+		if w == nil || w.lease != nil || row.Epoch <= w.lastEpoch {
+			// Gone, taken, or leased here since: that lease was lost.
 			continue
 		}
 		l := &lease{key: key, ctx: w, taskID: row.TaskID, epoch: row.Epoch, ttl: row.TTL,
 			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, heapIndex: -1}
 		w.lease = l
+		w.lastEpoch = max(w.lastEpoch, l.epoch)
 		r.leases[key] = l
 		r.pushDeadline(l)
 		r.refreshIdle(w)

@@ -110,6 +110,25 @@ func (r *Registry) nextEpoch() (int64, error) {
 	return n, nil
 }
 
+// nextEpochAbove issues an epoch above floor; r.mu is held. Blocks of
+// several replicas interleave, so a context that comes from another
+// replica may have had an epoch above this replica's block: the block is
+// skipped past it (epochs need not be dense, only rising and never
+// reused), and when nothing reserved lies above it the next reservation
+// will, since it starts above every epoch issued anywhere.
+func (r *Registry) nextEpochAbove(floor int64) (int64, error) {
+	e := &r.epochs
+	if floor >= e.next {
+		e.next = min(floor+1, e.limit)
+		if floor >= e.spareLimit {
+			e.spareNext = e.spareLimit
+		} else {
+			e.spareNext = max(e.spareNext, floor+1)
+		}
+	}
+	return r.nextEpoch()
+}
+
 // refillEpochs starts reserving the next block in the background unless a
 // reservation runs already or the registry closed; r.mu is held. Close
 // cancels and joins it.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -209,4 +210,51 @@ func TestEpochBlocksKeepUpWithAChurn(t *testing.T) {
 	fs.mu.Unlock()
 	require.Greater(t, asked[len(asked)-1], asked[0], "blocks asked for: %v", asked)
 	require.Less(t, len(asked), 20, "blocks asked for: %v", asked)
+}
+
+// Two registries on one store reserve interleaved blocks of epochs, as the
+// replicas of one database do. A client that moves from the one whose block
+// is higher to the other gets epochs above every epoch issued before it
+// came (its epoch floor), and a context handed over keeps its last epoch as
+// a floor: a context's epochs never go down, whichever replica assigns them.
+func TestEpochsRiseAcrossRegistriesOfOneStore(t *testing.T) {
+	t.Parallel()
+	low := setup(t)
+	high, err := registry.New(context.Background(), registry.Config{Clock: low.clock, Store: low.store, EpochBlock: 1000})
+	require.NoError(t, err)
+	t.Cleanup(high.Close)
+	ctx := context.Background()
+
+	// On the registry of the higher block, the context gets a high epoch.
+	conn := newFakeConn()
+	a := high.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console}, conn)
+	high.Report(a, []protocol.ContextReport{worker("w1")})
+	h, err := high.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t", ClientType: cheetah.Console})
+	require.NoError(t, err)
+	_, err = high.Release(ctx, h)
+	require.NoError(t, err)
+
+	// Handed over to the registry of the lower block: above it, still.
+	handed, ok := high.HandOver(user, "mover", "elsewhere")
+	require.True(t, ok)
+	low.reg.Adopt(user, "mover", handed)
+	a2 := low.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console}, newFakeConn())
+	low.reg.Report(a2, []protocol.ContextReport{worker("w1")})
+	l, err := low.acquire("t2")
+	require.NoError(t, err)
+	require.Greater(t, l.Epoch, h.Epoch, "the handed-over context's last epoch is its floor")
+
+	// A client new here, whose contexts had epochs elsewhere: the floor
+	// given at hello.
+	high2 := newFakeConn()
+	b := high.Connect(registry.ClientInfo{UserID: user, ClientID: "fresh", Type: cheetah.Console}, high2)
+	high.Report(b, []protocol.ContextReport{worker("f1")})
+	hf, err := high.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t3", ClientType: cheetah.Console, ClientID: "fresh"})
+	require.NoError(t, err)
+	high.Disconnect(b)
+	c := low.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "fresh", Type: cheetah.Console, EpochFloor: hf.Epoch}, newFakeConn())
+	low.reg.Report(c, []protocol.ContextReport{worker("f1")})
+	lf, err := low.acquire("t4", func(r *cheetah.AcquireRequest) { r.ClientID = "fresh" })
+	require.NoError(t, err)
+	require.Greater(t, lf.Epoch, hf.Epoch)
 }

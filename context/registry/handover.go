@@ -31,6 +31,8 @@ type HandedContext struct {
 	Title  string            `json:"title,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
 	Lease  *HandedLease      `json:"lease,omitempty"`
+	// LastEpoch is the epoch of its last lease: its next is above it.
+	LastEpoch int64 `json:"last_epoch,omitempty"`
 }
 
 // HandedLease is a lease that moves with its client. The token never
@@ -66,7 +68,8 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 	now := r.clock.Now()
 	out := HandedOver{Contexts: make([]HandedContext, 0, len(c.contexts))}
 	for _, w := range c.contexts {
-		hc := HandedContext{ID: w.id, TabID: w.tabID, Owner: w.owner, URL: w.url, Title: w.title, Labels: w.labels}
+		hc := HandedContext{ID: w.id, TabID: w.tabID, Owner: w.owner, URL: w.url, Title: w.title, Labels: w.labels,
+			LastEpoch: w.lastEpoch}
 		if l := w.lease; l != nil {
 			hc.Lease = &HandedLease{TokenDigest: hex.EncodeToString(l.key[:]), TaskID: l.taskID, Epoch: l.epoch,
 				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse}
@@ -99,13 +102,15 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 	}
 	c := &client{pool: p, id: clientID, contexts: map[string]*wctx{}, dispatched: map[*command]struct{}{}}
 	for _, hc := range h.Contexts {
-		w := &wctx{client: c, id: hc.ID, tabID: hc.TabID, owner: hc.Owner, url: hc.URL, title: hc.Title, labels: hc.Labels}
+		w := &wctx{client: c, id: hc.ID, tabID: hc.TabID, owner: hc.Owner, url: hc.URL, title: hc.Title, labels: hc.Labels,
+			lastEpoch: hc.LastEpoch}
 		if hl := hc.Lease; hl != nil {
 			var key tokenKey
 			if b, err := hex.DecodeString(hl.TokenDigest); err == nil && len(b) == len(key) {
 				copy(key[:], b)
 				l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
 					expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, heapIndex: -1}
+				w.lastEpoch = max(w.lastEpoch, hl.Epoch)
 				w.lease = l
 				r.leases[key] = l
 				r.pushDeadline(l)

@@ -353,11 +353,12 @@ func (r *Registry) missReason(p *pool, req *cheetah.AcquireRequest) cheetah.NoCo
 // assign gives idle context w the new lease l, made off the lock with its
 // key and span (token is the one whose digest l.key is); r.mu is held.
 func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token string, now time.Time) (cheetah.Lease, error) {
-	epoch, err := r.nextEpoch()
+	epoch, err := r.nextEpochAbove(max(w.lastEpoch, w.client.epochFloor))
 	if err != nil {
 		return cheetah.Lease{}, err
 	}
 	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
+	w.lastEpoch = epoch
 	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
 	w.lease = l
 	w.affinityKey = req.AffinityKey

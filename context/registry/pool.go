@@ -41,6 +41,10 @@ type client struct {
 	// so that a disconnect visits only them.
 	dispatched  map[*command]struct{}
 	connectedAt time.Time
+	// epochFloor is the highest epoch issued anywhere when the client came
+	// to this replica (ClientInfo.EpochFloor): its contexts' next epochs
+	// are above it, whatever they had on the replica it left.
+	epochFloor int64
 	// notices is the batch of assignment notices queued on conn and not
 	// yet written, which later changes update in place (notices.go); nil
 	// when there is none, or once a command was sent after it.
@@ -71,6 +75,9 @@ type wctx struct {
 	idleSince          time.Time
 	// inflight counts this context's commands admitted and not yet ended.
 	inflight int
+	// lastEpoch is the epoch of the context's last lease, here or on the
+	// replica it came from: the next is above it (nextEpochAbove).
+	lastEpoch int64
 	// ident names it in the memory of ended leases (made on first use).
 	ident *ctxIdent
 	// affinityKey is the affinity key of its last lease ("" for none).

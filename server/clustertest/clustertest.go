@@ -6,6 +6,8 @@ package clustertest
 
 import (
 	"context"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -93,13 +95,25 @@ func Start(tb testing.TB, n int, opts func(*server.Options)) []*Replica {
 // replica, with no stickiness. It returns the balancer's URL.
 func Balancer(tb testing.TB, rs []*Replica) string {
 	tb.Helper()
-	targets := make([]*url.URL, len(rs))
+	urls := make([]string, len(rs))
 	for i, r := range rs {
-		u, err := url.Parse(r.URL)
+		urls[i] = r.URL
+	}
+	return BalancerOf(tb, urls)
+}
+
+// BalancerOf is Balancer in front of replicas at urls (processes, say).
+// A replica that does not answer gets 502 from it, as from a balancer
+// whose health check has not noticed yet.
+func BalancerOf(tb testing.TB, urls []string) string {
+	tb.Helper()
+	targets := make([]*url.URL, len(urls))
+	for i, u := range urls {
+		t, err := url.Parse(u)
 		if err != nil {
 			tb.Fatalf("clustertest: %v", err)
 		}
-		targets[i] = u
+		targets[i] = t
 	}
 	var next atomic.Uint64
 	lb := httptest.NewServer(&httputil.ReverseProxy{
@@ -108,6 +122,7 @@ func Balancer(tb testing.TB, rs []*Replica) string {
 			pr.Out.Host = pr.In.Host
 		},
 		FlushInterval: -1,
+		ErrorLog:      log.New(io.Discard, "", 0),
 	})
 	tb.Cleanup(lb.Close)
 	return lb.URL
