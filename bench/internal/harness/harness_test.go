@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 func TestMain(m *testing.M) {
@@ -125,13 +127,13 @@ func TestGoalsNameScenarios(t *testing.T) {
 				drops++
 			}
 		}
-		if len(gs) != 11 || drops != 2 {
-			t.Errorf("%d goals, %d of drops: want 11 and 2", len(gs), drops)
+		if len(gs) != 13 || drops != 2 {
+			t.Errorf("%d goals, %d of drops: want 13 and 2", len(gs), drops)
 		}
 	}
 	c := Full()
 	c.ChurnPerClientMany = c.ChurnPerClient
-	if len(goals(c)) != 10 {
+	if len(goals(c)) != 12 {
 		t.Error("a many-contexts row equal to the usual one is not run, and has no goal")
 	}
 }
@@ -184,4 +186,27 @@ func (l *testLog) stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.done = true
+}
+
+// TestChurnQuotas checks that the quota row's quota governs the churn's
+// acquires at all three levels, with the tenant's override, at caps the
+// churn never reaches.
+func TestChurnQuotas(t *testing.T) {
+	s, err := quota.Parse([]byte(churnQuotas))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gov := s.Governing(nil, cheetah.Console, nil)
+	if len(gov) != 1 {
+		t.Fatalf("%d quotas govern a churn acquire, want 1", len(gov))
+	}
+	caps := s.Quotas[gov[0]].CapsFor(churnTenant)
+	for _, l := range []quota.Level{quota.Global, quota.Tenant, quota.User} {
+		if caps.Of(l) < Full().ChurnContexts {
+			t.Errorf("%s cap %d: the churn would reach it", l, caps.Of(l))
+		}
+	}
+	if caps.Of(quota.Tenant) != 600000 {
+		t.Errorf("tenant cap %d, want the override's 600000", caps.Of(quota.Tenant))
+	}
 }
