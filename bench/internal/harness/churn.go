@@ -45,7 +45,6 @@ tenants:
 // churnTenant is the tenant of the registry rows' acquires.
 const churnTenant = "acme"
 
-
 // peerCheetahInProcMany is the row of Cheetah in process with many
 // contexts per client.
 func peerCheetahInProcMany(perClient int) string {
