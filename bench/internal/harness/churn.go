@@ -287,6 +287,11 @@ func (e *env) registryChurn(parse func([]byte) (*quota.Set, error)) runner {
 	}
 }
 
+// churnRequest is acquirer w's acquire, for tenant (none when empty).
+func churnRequest(w int, tenant string) cheetah.AcquireRequest {
+	return cheetah.AcquireRequest{UserID: broker.User, TaskID: "churn-" + strconv.Itoa(w), ClientType: cheetah.Console, TenantID: tenant}
+}
+
 // managerChurn is the churn loop over an SDK manager. An acquire refused
 // with store_unavailable (the registry issues epochs from a block reserved
 // in the store, and refuses at once while the next block is being
@@ -297,7 +302,7 @@ func (e *env) managerChurn(mgr *cheetah.Manager, tenant string) func(*trial) (ma
 	const refusedTries = 1000
 	reqs := make([]cheetah.AcquireRequest, e.cfg.ChurnAcquirers)
 	for w := range reqs {
-		reqs[w] = cheetah.AcquireRequest{UserID: broker.User, TaskID: "churn-" + strconv.Itoa(w), ClientType: cheetah.Console, TenantID: tenant}
+		reqs[w] = churnRequest(w, tenant)
 	}
 	var refused atomic.Int64
 	op := func(ctx context.Context, w int) error {

@@ -6,13 +6,15 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/bench/internal/broker"
 	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/quota"
 )
 
@@ -188,25 +190,37 @@ func (l *testLog) stop() {
 	l.done = true
 }
 
-// TestChurnQuotas checks that the quota row's quota governs the churn's
-// acquires at all three levels, with the tenant's override, at caps the
-// churn never reaches.
+// TestChurnQuotas checks that the quota row's registry has the quota in
+// force over the churn's acquires: a lease takes a slot at each of the three
+// levels, under the tenant's override, and its release gives them back.
 func TestChurnQuotas(t *testing.T) {
-	s, err := quota.Parse([]byte(churnQuotas))
+	set, err := quota.Parse([]byte(churnQuotas))
 	if err != nil {
 		t.Fatal(err)
 	}
-	gov := s.Governing(nil, cheetah.Console, nil)
-	if len(gov) != 1 {
-		t.Fatalf("%d quotas govern a churn acquire, want 1", len(gov))
+	r, err := broker.StartRegistry(t.Context(), "", t.TempDir(), 2, 2, set)
+	if err != nil {
+		t.Fatal(err)
 	}
-	caps := s.Quotas[gov[0]].CapsFor(churnTenant)
-	for _, l := range []quota.Level{quota.Global, quota.Tenant, quota.User} {
-		if caps.Of(l) < Full().ChurnContexts {
-			t.Errorf("%s cap %d: the churn would reach it", l, caps.Of(l))
-		}
+	defer r.Close()
+	mgr := r.Manager()
+	h, err := mgr.Acquire(t.Context(), churnRequest(0, churnTenant))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if caps.Of(quota.Tenant) != 600000 {
-		t.Errorf("tenant cap %d, want the override's 600000", caps.Of(quota.Tenant))
+	occ := r.Reg.Quotas().Quotas[0].Occupancy
+	want := registry.QuotaOccupancy{
+		Global:  registry.ScopeUse{Used: 1, Cap: 1000000},
+		Tenants: []registry.ScopeUse{{TenantID: churnTenant, Used: 1, Cap: 600000}},
+		Users:   []registry.ScopeUse{{TenantID: churnTenant, UserID: broker.User, Used: 1, Cap: 100000}},
+	}
+	if !reflect.DeepEqual(occ, want) {
+		t.Fatalf("occupancy under a churn lease %+v, want %+v", occ, want)
+	}
+	if _, err := mgr.Release(t.Context(), h); err != nil {
+		t.Fatal(err)
+	}
+	if occ := r.Reg.Quotas().Quotas[0].Occupancy; occ.Global.Used != 0 || len(occ.Tenants) != 0 || len(occ.Users) != 0 {
+		t.Fatalf("occupancy after the release %+v, want none", occ)
 	}
 }
