@@ -89,14 +89,17 @@ func stepCreate(t *testing.T, e *env, _ *story) {
 	if !lease.Created || lease.ContextID == pool[0].ContextID || lease.ContextID == pool[1].ContextID {
 		t.Fatalf("lease %+v, want created: true on a new tab", lease)
 	}
-	// A worker tab, in the pool's group, at the URL asked for.
-	group := eval[string](e, fmt.Sprintf(`(async () => {
-		const [tab, pooled] = await Promise.all([chrome.tabs.get(%s), chrome.tabs.get(%s)]);
-		return tab.groupId >= 0 && tab.groupId === pooled.groupId ? (await chrome.tabGroups.get(tab.groupId)).title : 'elsewhere';
-	})()`, tabID, pool[0].TabID))
-	if group != "Cheetah" {
-		t.Errorf("the created tab is in %q, want the pool's Cheetah group", group)
-	}
+	// A worker tab in the pool's group (it joins the group just after it is
+	// reported, which is not held up for it).
+	eventually(t, 10*time.Second, "the created tab to join the pool's Cheetah group", func() bool {
+		return eval[string](e, fmt.Sprintf(`(async () => {
+			const [tab, pooled] = await Promise.all([chrome.tabs.get(%s), chrome.tabs.get(%s)]);
+			return tab.groupId >= 0 && tab.groupId === pooled.groupId ? (await chrome.tabGroups.get(tab.groupId)).title : 'elsewhere';
+		})()`, tabID, pool[0].TabID)) == "Cheetah"
+	})
+	// The lease comes as the tab opens, before its page has loaded: an
+	// application waits for what it reads.
+	ok[map[string]any](e, h, "wait_for", map[string]any{"selector": "#text", "timeout_ms": 10000})
 	got := ok[extracted](e, h, "extract", map[string]any{"selector": "#text"})
 	if got.Text != "Grüße aus Köln — 🐆 fast cats" || got.URL != e.pages.URL+"/article" {
 		t.Fatalf("extract on the created tab: %+v", got)
