@@ -62,7 +62,7 @@ func (e *env) churn() *report.Scenario {
 			"Cheetah: the contexts are console flows of real agents, %d per agent, which receive an assignment frame on every acquire and release; "+
 			"the registry-alone row has the same contexts on stub clients that drop every frame, so it is the acquire/release path without any WebSocket; "+
 			"the quota row is the registry-alone row again with a three-level quota (global, tenant with a per-tenant override, user) governing every acquire at caps it never reaches, "+
-			"so each pair checks and charges, then gives back, a slot at each level; both rows acquire for tenant %q.",
+			"so each pair checks and charges, then gives back, a slot at each level; both rows acquire for tenant %q, and their runs alternate (one of each in turn).",
 			report.Count(c.ChurnContexts, "context"), report.Count(c.ChurnAcquirers, "concurrent acquirer"), c.ChurnDuration, c.ChurnWarmup, report.Count(c.Repeats, "run"), c.ChurnPerClient, churnTenant),
 		Columns: append(loadColumns("pairs"),
 			report.Column{Key: "per_client", Label: "contexts per client", Unit: "", Better: report.Higher},
@@ -81,11 +81,10 @@ func (e *env) churn() *report.Scenario {
 			"an agent dropped there is one whose connection did not keep up with its many contexts' assignment frames.", flows)
 		s.Rows = append(s.Rows, e.row(s.Key, peerCheetahInProcMany(flows), true, e.cheetahChurn(false, c.ChurnPerClientMany)))
 	}
-	s.Rows = append(s.Rows,
-		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)),
-		e.row(s.Key, peerRegistryAlone, true, e.registryChurn(nil)),
-		e.row(s.Key, peerRegistryQuota, true, e.registryChurn(quota.Parse)),
-	)
+	s.Rows = append(s.Rows, e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)))
+	// Run by run in turn: the quota's goal is the ratio of these two.
+	s.Rows = append(s.Rows, e.rows(s.Key, true, []string{peerRegistryAlone, peerRegistryQuota},
+		[]runner{e.registryChurn(nil), e.registryChurn(quota.Parse)})...)
 	return s
 }
 

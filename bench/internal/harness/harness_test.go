@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -222,5 +225,44 @@ func TestChurnQuotas(t *testing.T) {
 	}
 	if occ := r.Reg.Quotas().Quotas[0].Occupancy; occ.Global.Used != 0 || len(occ.Tenants) != 0 || len(occ.Users) != 0 {
 		t.Fatalf("occupancy after the release %+v, want none", occ)
+	}
+}
+
+// TestRowsAlternate checks that rows runs its peers run by run in turn, and
+// that a peer that fails or is absent leaves the others measured.
+func TestRowsAlternate(t *testing.T) {
+	cfg := Smoke()
+	cfg.Repeats = 3
+	e := &env{ctx: t.Context(), cfg: cfg, log: io.Discard}
+	var order []string
+	peer := func(name string, failAt int) runner {
+		return func() (func(*trial) (map[string]float64, error), func(), error) {
+			return func(tr *trial) (map[string]float64, error) {
+				order = append(order, fmt.Sprintf("%s%d", name, tr.i))
+				if tr.i == failAt {
+					return nil, errors.New("broke")
+				}
+				return map[string]float64{"rate": float64(tr.i + 1)}, nil
+			}, nil, nil
+		}
+	}
+	absentPeer := func() (func(*trial) (map[string]float64, error), func(), error) {
+		return nil, nil, absent(errors.New("not running"))
+	}
+	rows := e.rows("churn", false, []string{"a", "b", "c", "d"}, []runner{peer("a", -1), peer("b", 1), absentPeer, peer("d", -1)})
+	if got := strings.Join(order, " "); got != "a0 b0 d0 a1 b1 d1 a2 d2" {
+		t.Errorf("runs in the order %s", got)
+	}
+	if v := rows[0].Values["rate"]; !rows[0].OK() || v.Median != 2 {
+		t.Errorf("a: %+v", rows[0])
+	}
+	if !rows[1].Failed || !strings.Contains(rows[1].Reason, "failed in run 2: broke") || rows[1].Values != nil {
+		t.Errorf("b: %+v", rows[1])
+	}
+	if !rows[2].Absent || !strings.Contains(rows[2].Reason, "not running") {
+		t.Errorf("c: %+v", rows[2])
+	}
+	if !rows[3].OK() {
+		t.Errorf("d: %+v", rows[3])
 	}
 }
