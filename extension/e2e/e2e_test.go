@@ -54,6 +54,7 @@ func TestExtension(t *testing.T) {
 		{"a dropped connection comes back by itself", stepBrokerDrop},
 		{"an admin disconnect stops it until Reconnect", stepAdminDisconnect},
 		{"close ends the context and the pool refills", stepClose},
+		{"creation on demand opens a worker tab at the URL", stepCreate},
 	}
 	s := &story{}
 	for _, st := range steps {

@@ -10,11 +10,12 @@
 import { Backoff } from './lib/backoff.js';
 import { ChromeBrowser } from './lib/chrome_browser.js';
 import { Connection } from './lib/connection.js';
+import { Creations } from './lib/create.js';
 import { EFFECTS } from './lib/commands.js';
 import { Executor, commandTab } from './lib/executor.js';
 import { Marks } from './lib/marks.js';
 import { DEFAULT_POOL_SIZE, buildReport, checkPoolSize, planPool, reportKey } from './lib/pool.js';
-import { newClientId, normalizeBrokerURL, stateFrame } from './lib/protocol.js';
+import { newClientId, normalizeBrokerURL, stateFrame, tabIdForContext } from './lib/protocol.js';
 import { diagnoseBroker } from './lib/probe.js';
 import { Mutex } from './lib/queue.js';
 
@@ -27,7 +28,7 @@ const GROUP_COLOR = 'orange';
 const ACTION_TITLE = 'Cheetah';
 const MARK_TEXT = 'BOT';
 const MARK_COLOR = '#c0392b';
-const CONFIG_KEYS = ['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels', 'allowEvaluate'];
+const CONFIG_KEYS = ['brokerUrl', 'clientKey', 'poolSize', 'extraTabs', 'clientId', 'name', 'labels', 'allowEvaluate'];
 
 const log = (...a) => console.info('[cheetah]', ...a);
 
@@ -151,8 +152,14 @@ async function loadConfig() {
   } catch {
     // a bad stored value keeps the default
   }
+  let extraTabs = 0;
+  try {
+    if (c.extraTabs !== undefined) extraTabs = checkPoolSize(c.extraTabs);
+  } catch {
+    // likewise
+  }
   return {
-    brokerUrl: c.brokerUrl ?? '', clientKey: c.clientKey ?? '', poolSize, clientId: c.clientId,
+    brokerUrl: c.brokerUrl ?? '', clientKey: c.clientKey ?? '', poolSize, extraTabs, clientId: c.clientId,
     name: c.name ?? '', labels: c.labels ?? {}, allowEvaluate: c.allowEvaluate === true,
   };
 }
@@ -164,7 +171,7 @@ function connectionConfig() {
   return {
     url: normalizeBrokerURL(c.brokerUrl), token: c.clientKey, clientId: c.clientId,
     name: c.name || 'Cheetah browser extension', version: VERSION, labels: c.labels,
-    maxContexts: c.poolSize, effects: EFFECTS,
+    maxContexts: c.poolSize + c.extraTabs, effects: EFFECTS,
   };
 }
 
@@ -193,7 +200,8 @@ function ensurePool() {
     // No worker tabs until there is a broker to offer them to.
     const configured = Boolean(st.config.brokerUrl && st.config.clientKey);
     const plan = planPool([...st.workers.keys()], configured ? st.config.poolSize : 0,
-      (id) => st.marks.get(id) !== null || executor.pending(id) > 0);
+      (id) => st.marks.get(id) !== null || executor.pending(id) > 0 || creations.waits(id),
+      (id) => creations.isExtra(id));
     for (const id of plan.close) {
       forgetWorker(id);
       await chrome.tabs.remove(id).catch(() => {});
@@ -215,29 +223,32 @@ function ensurePool() {
 
 function forgetWorker(id) {
   st.workers.delete(id);
+  creations.forget(id);
   if (st.marks.forget(id)) publishStatus();
 }
 
 /**
- * openWorker opens one worker tab: in the extension's own window, so that a
- * screenshot (which must show the tab) never takes over the person's window,
- * and in the "Cheetah" tab group, so the person sees what the tabs are.
+ * openWorker opens one worker tab at url: in the extension's own window, so
+ * that a screenshot (which must show the tab) never takes over the person's
+ * window, and in the "Cheetah" tab group, so the person sees what the tabs
+ * are. onOpened(tabId) runs just before the tab joins the pool.
  */
-async function openWorker() {
+async function openWorker(url = 'about:blank', onOpened = () => {}) {
   let win = null;
   if (st.windowId !== null) win = await chrome.windows.get(st.windowId).catch(() => null);
   let tab = null;
   if (win) {
     // The window may be closing (a person closed it with its tabs): then
     // the pool moves to a new window.
-    tab = await chrome.tabs.create({ windowId: win.id, url: 'about:blank', active: false }).catch(() => null);
+    tab = await chrome.tabs.create({ windowId: win.id, url, active: false }).catch(() => null);
   }
   if (!tab) {
-    const w = await chrome.windows.create({ url: 'about:blank', focused: false });
+    const w = await chrome.windows.create({ url, focused: false });
     st.windowId = w.id;
     st.groupId = null;
     tab = w.tabs?.[0] ?? (await chrome.tabs.query({ windowId: w.id }))[0];
   }
+  onOpened(tab.id);
   st.workers.set(tab.id, tabInfo(tab));
   await saveSession(); // before anything else can fail: never lose track of a tab
   await groupWorker(tab.id);
@@ -278,7 +289,7 @@ function scheduleReport() {
 
 function sendReport() {
   if (conn.state !== 'connected') return;
-  const contexts = buildReport([...st.workers.values()], undefined);
+  const contexts = buildReport([...st.workers.values()], undefined, (id) => creations.requestId(id));
   const key = reportKey(contexts);
   if (key === st.lastReport) return;
   if (conn.send(stateFrame(contexts))) st.lastReport = key;
@@ -315,7 +326,11 @@ function onFrame(f) {
     case 'cancel':
       executor.handleCancel(f);
       break;
+    case 'create_context':
+      onCreateContext(f);
+      break;
     case 'assignment': {
+      onCreationAssignment(f);
       const tabId = st.marks.applyAssignment(f);
       if (tabId !== null) {
         renderMark(tabId);
@@ -337,6 +352,34 @@ function onFrame(f) {
       // A frame of a newer protocol: say so, and carry on.
       conn.send({ type: 'error', code: 'unknown_type', message: `the extension does not know frames of type ${String(f.type).slice(0, 64)}` });
   }
+}
+
+// ---- creation on demand (DESIGN §10)
+
+// Tabs opened on request are extra to the pool: up to extraTabs of them,
+// each closed once its lease ends (planPool).
+const creations = new Creations({
+  capacity: () => (st.config.brokerUrl && st.config.clientKey ? st.config.poolSize + st.config.extraTabs : 0),
+  count: () => st.workers.size,
+  open: (url, onOpened) => openWorker(url, onOpened),
+  report: () => sendReport(),
+  send: (f) => conn.send(f),
+});
+
+/** onCreateContext opens a tab for the broker, one pool change at a time. */
+function onCreateContext(f) {
+  poolLock.run(() => creations.handle(f))
+    .then((tabId) => {
+      if (tabId !== null) log('opened tab', tabId, 'for', f.request_id);
+    })
+    .catch((e) => console.warn('[cheetah] create_context', e))
+    .finally(() => publishStatus());
+}
+
+/** onCreationAssignment settles the request of a tab opened on request. */
+function onCreationAssignment(f) {
+  const tabId = tabIdForContext(f.context_id);
+  if (tabId !== null && f.state === 'assigned') creations.leased(tabId);
 }
 
 // ---- marks: the badge and tooltip of tabs under automation
@@ -453,9 +496,9 @@ async function onStorageChanged(changes, area) {
   if (area !== 'local' || !CONFIG_KEYS.some((k) => k in changes)) return;
   const before = st.config;
   st.config = await loadConfig();
-  // Only what hello says needs a new connection; the pool size changes
-  // tabs, not the session.
-  const helloOf = (c) => JSON.stringify([c.brokerUrl, c.clientKey, c.clientId, c.name, c.labels]);
+  // Only what hello says needs a new connection: the pool size and the
+  // extra tabs make its capacity.max_contexts.
+  const helloOf = (c) => JSON.stringify([c.brokerUrl, c.clientKey, c.clientId, c.name, c.labels, c.poolSize + c.extraTabs]);
   const reconnect = helloOf(before) !== helloOf(st.config);
   await ensurePool();
   if (reconnect) {

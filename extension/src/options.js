@@ -1,4 +1,4 @@
-// The options page: broker URL, client key, pool size, name, labels and the
+// The options page: broker URL, client key, pool size, extra tabs, name, labels and the
 // evaluate opt-in, kept in chrome.storage.local. The broker URL is checked
 // by connecting before it is saved. The service worker notices the change
 // and reconnects.
@@ -27,11 +27,12 @@ function say(text, ok) {
 
 async function load() {
   $('origin').textContent = location.origin;
-  const c = await chrome.storage.local.get(['brokerUrl', 'clientKey', 'poolSize', 'clientId', 'name', 'labels', 'allowEvaluate']);
+  const c = await chrome.storage.local.get(['brokerUrl', 'clientKey', 'poolSize', 'extraTabs', 'clientId', 'name', 'labels', 'allowEvaluate']);
   $('allow-evaluate').checked = c.allowEvaluate === true;
   $('broker-url').value = c.brokerUrl ?? '';
   $('client-key').value = c.clientKey ?? '';
   $('pool-size').value = String(c.poolSize ?? 2);
+  $('extra-tabs').value = String(c.extraTabs ?? 0);
   $('name').value = c.name ?? '';
   $('labels').value = formatLabels(c.labels);
   if (c.clientId) $('client-id').textContent = c.clientId;
@@ -50,6 +51,7 @@ $('form').addEventListener('submit', async (ev) => {
   const brokerUrl = $('broker-url').value.trim();
   const clientKey = $('client-key').value.trim();
   let poolSize;
+  let extraTabs;
   let labels;
   let warning;
   let wsUrl;
@@ -58,6 +60,7 @@ $('form').addEventListener('submit', async (ev) => {
     warning = cleartextWarning(wsUrl);
     if (clientKey === '') throw new Error('paste a client key');
     poolSize = checkPoolSize($('pool-size').value);
+    extraTabs = checkPoolSize($('extra-tabs').value, 'the number of extra tabs');
     labels = parseLabels($('labels').value);
   } catch (e) {
     say(e.message, false);
@@ -74,7 +77,7 @@ $('form').addEventListener('submit', async (ev) => {
     return;
   }
   lastFailed = null;
-  const next = { brokerUrl, clientKey, poolSize, name: $('name').value.trim(), labels, allowEvaluate: $('allow-evaluate').checked };
+  const next = { brokerUrl, clientKey, poolSize, extraTabs, name: $('name').value.trim(), labels, allowEvaluate: $('allow-evaluate').checked };
   const prev = await chrome.storage.local.get(Object.keys(next));
   const same = Object.keys(next).every((k) => JSON.stringify(prev[k]) === JSON.stringify(next[k]));
   await chrome.storage.local.set(next);

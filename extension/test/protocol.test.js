@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
-  CLOSE, CODES, closeReason, contextIdForTab, contextReport, encodeFrame, errorFrame, formatLabels,
+  CLOSE, CODES, closeReason, contextIdForTab, contextReport, createFailedFrame, encodeFrame, errorFrame, formatLabels,
   cleartextWarning, frameFits, helloFrame, isPermanentClose, newClientId, normalizeBrokerURL, parseFrame, parseLabels,
   tabIdForContext, truncateUtf8, utf8Length, validId,
 } from '../src/lib/protocol.js';
@@ -134,4 +134,18 @@ test('labels parse from key=value text and back', () => {
   assert.throws(() => parseLabels('oops'), /key=value/);
   assert.throws(() => parseLabels('=v'), /key=value/);
   assert.equal(formatLabels({ a: 'b', c: 'd' }), 'a=b, c=d');
+});
+
+test('create_context is parsed; create_failed and a state report naming the request are built', () => {
+  assert.deepEqual(parseFrame('{"type":"create_context","request_id":"cr_0123","url":"https://example.com/"}'),
+    { frame: { type: 'create_context', request_id: 'cr_0123', url: 'https://example.com/' } });
+  assert.deepEqual(parseFrame('{"type":"create_context","request_id":"cr_1"}'), { frame: { type: 'create_context', request_id: 'cr_1' } });
+  assert.match(parseFrame('{"type":"create_context"}').error, /request_id/);
+  assert.match(parseFrame('{"type":"create_context","request_id":"bad id"}').error, /request_id/);
+  assert.match(parseFrame('{"type":"create_context","request_id":"cr_1","url":7}').error, /url/);
+  assert.deepEqual(createFailedFrame('cr_1', 'pool_full', 'full'), { type: 'create_failed', request_id: 'cr_1', code: 'pool_full', message: 'full' });
+  assert.deepEqual(createFailedFrame('cr_1', 'pool_full'), { type: 'create_failed', request_id: 'cr_1', code: 'pool_full' });
+  assert.deepEqual(contextReport({ id: 4, url: 'about:blank' }, undefined, 'cr_1'),
+    { context_id: 'tab-4', tab_id: '4', owner: 'worker', url: 'about:blank', request_id: 'cr_1' });
+  assert.equal(contextReport({ id: 4 }).request_id, undefined);
 });

@@ -20,6 +20,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
@@ -241,8 +242,9 @@ func (discard) Send(protocol.Frame) bool         { return true }
 func (discard) Close(protocol.CloseCode, string) {}
 
 // StartRegistry opens the store at databaseURL (SQLite in dir when empty)
-// and a registry over it with clients×flows idle console contexts.
-func StartRegistry(ctx context.Context, databaseURL, dir string, clients, flows int) (*Registry, error) {
+// and a registry over it with clients×flows idle console contexts, and
+// quotas in force (none when nil).
+func StartRegistry(ctx context.Context, databaseURL, dir string, clients, flows int, quotas *quota.Set) (*Registry, error) {
 	st, err := history.Open(ctx, history.Config{DatabaseURL: databaseURL, DataDir: dir})
 	if err != nil {
 		return nil, err
@@ -252,6 +254,7 @@ func StartRegistry(ctx context.Context, databaseURL, dir string, clients, flows 
 		st.Close()
 		return nil, err
 	}
+	reg.SetQuotas(quotas)
 	for i := range clients {
 		att := reg.Connect(registry.ClientInfo{UserID: User, ClientID: fmt.Sprintf("stub-%d", i), Type: cheetah.Console}, discard{})
 		reps := make([]protocol.ContextReport, flows)

@@ -17,6 +17,7 @@ import (
 	"github.com/cheetahbroker/cheetah/bench/internal/broker"
 	"github.com/cheetahbroker/cheetah/bench/internal/peers"
 	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 const (
@@ -25,7 +26,24 @@ const (
 	peerCheetahInProc  = "Cheetah in process (PostgreSQL store)"
 	peerCheetahOverAPI = "Cheetah over HTTP (remote SDK, PostgreSQL store)"
 	peerRegistryAlone  = "Cheetah registry alone (in process, stub clients, PostgreSQL store)"
+	peerRegistryQuota  = "Cheetah registry alone, three-level quota in force (in process, stub clients, PostgreSQL store)"
 )
+
+// churnQuotas is the three-level quota of the quota row: it governs every
+// churn acquire, at caps the churn never reaches, with the tenant's
+// override in force, so that each acquire checks and charges all three
+// levels (DESIGN §10) and none is refused.
+const churnQuotas = `
+quotas:
+  - name: consoles
+    match: {client_type: console}
+    levels: {global: 1000000, tenant: 500000, user: 100000}
+tenants:
+  acme: {consoles: {tenant: 600000}}
+`
+
+// churnTenant is the tenant of the registry rows' acquires.
+const churnTenant = "acme"
 
 // peerCheetahInProcMany is the row of Cheetah in process with many
 // contexts per client.
@@ -42,8 +60,10 @@ func (e *env) churn() *report.Scenario {
 			"A pair is one acquire and its release; the latency is the pair's. Redis: a random context key taken with SET NX PX (retried on a taken key), then DEL. "+
 			"PostgreSQL: the longest-idle free row taken with a conditional UPDATE over SELECT … FOR UPDATE SKIP LOCKED, released with a fenced UPDATE, each statement its own durable commit, a pool of one connection per acquirer. "+
 			"Cheetah: the contexts are console flows of real agents, %d per agent, which receive an assignment frame on every acquire and release; "+
-			"the registry-alone row has the same contexts on stub clients that drop every frame, so it is the acquire/release path without any WebSocket.",
-			report.Count(c.ChurnContexts, "context"), report.Count(c.ChurnAcquirers, "concurrent acquirer"), c.ChurnDuration, c.ChurnWarmup, report.Count(c.Repeats, "run"), c.ChurnPerClient),
+			"the registry-alone row has the same contexts on stub clients that drop every frame, so it is the acquire/release path without any WebSocket; "+
+			"the quota row is the registry-alone row again with a three-level quota (global, tenant with a per-tenant override, user) governing every acquire at caps it never reaches, "+
+			"so each pair checks and charges, then gives back, a slot at each level; both rows acquire for tenant %q, and their runs alternate (one of each in turn).",
+			report.Count(c.ChurnContexts, "context"), report.Count(c.ChurnAcquirers, "concurrent acquirer"), c.ChurnDuration, c.ChurnWarmup, report.Count(c.Repeats, "run"), c.ChurnPerClient, churnTenant),
 		Columns: append(loadColumns("pairs"),
 			report.Column{Key: "per_client", Label: "contexts per client", Unit: "", Better: report.Higher},
 			report.Column{Key: "agents", Label: "agents", Unit: "", Better: report.Higher},
@@ -61,10 +81,10 @@ func (e *env) churn() *report.Scenario {
 			"an agent dropped there is one whose connection did not keep up with its many contexts' assignment frames.", flows)
 		s.Rows = append(s.Rows, e.row(s.Key, peerCheetahInProcMany(flows), true, e.cheetahChurn(false, c.ChurnPerClientMany)))
 	}
-	s.Rows = append(s.Rows,
-		e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)),
-		e.row(s.Key, peerRegistryAlone, true, e.registryChurn),
-	)
+	s.Rows = append(s.Rows, e.row(s.Key, peerCheetahOverAPI, true, e.cheetahChurn(true, c.ChurnPerClient)))
+	// Run by run in turn: the quota's goal is the ratio of these two.
+	s.Rows = append(s.Rows, e.rows(s.Key, true, []string{peerRegistryAlone, peerRegistryQuota},
+		[]runner{e.registryChurn(nil), e.registryChurn(quota.Parse)})...)
 	return s
 }
 
@@ -220,7 +240,7 @@ func (e *env) cheetahChurn(overHTTP bool, perClient int) runner {
 		if overHTTP {
 			mgr = b.Remote(2 * c.ChurnAcquirers)
 		}
-		churn := e.managerChurn(mgr)
+		churn := e.managerChurn(mgr, "")
 		return func(t *trial) (map[string]float64, error) {
 			out, err := churn(t)
 			d, n := b.Dropped()
@@ -238,33 +258,50 @@ func (e *env) cheetahChurn(overHTTP bool, perClient int) runner {
 	}
 }
 
-func (e *env) registryChurn() (func(*trial) (map[string]float64, error), func(), error) {
-	if e.pgErr != nil {
-		return nil, nil, absent(e.pgErr)
+// registryChurn is the churn on the registry alone; with parse, under the
+// quotas it makes of churnQuotas.
+func (e *env) registryChurn(parse func([]byte) (*quota.Set, error)) runner {
+	return func() (func(*trial) (map[string]float64, error), func(), error) {
+		if e.pgErr != nil {
+			return nil, nil, absent(e.pgErr)
+		}
+		var quotas *quota.Set
+		if parse != nil {
+			var err error
+			if quotas, err = parse([]byte(churnQuotas)); err != nil {
+				return nil, nil, err
+			}
+		}
+		url, drop, err := e.pg.CreateDB(e.ctx, "registry")
+		if err != nil {
+			return nil, nil, absent(err)
+		}
+		agents, flows := agentsFor(e.cfg.ChurnContexts, e.cfg.ChurnPerClient)
+		r, err := broker.StartRegistry(e.ctx, url, "", agents, flows, quotas)
+		if err != nil {
+			drop()
+			return nil, nil, err
+		}
+		return e.managerChurn(r.Manager(), churnTenant), func() { r.Close(); drop() }, nil
 	}
-	url, drop, err := e.pg.CreateDB(e.ctx, "registry")
-	if err != nil {
-		return nil, nil, absent(err)
-	}
-	agents, flows := agentsFor(e.cfg.ChurnContexts, e.cfg.ChurnPerClient)
-	r, err := broker.StartRegistry(e.ctx, url, "", agents, flows)
-	if err != nil {
-		drop()
-		return nil, nil, err
-	}
-	return e.managerChurn(r.Manager()), func() { r.Close(); drop() }, nil
+}
+
+// churnRequest is acquirer w's acquire, for tenant (none when empty).
+func churnRequest(w int, tenant string) cheetah.AcquireRequest {
+	return cheetah.AcquireRequest{UserID: broker.User, TaskID: "churn-" + strconv.Itoa(w), ClientType: cheetah.Console, TenantID: tenant}
 }
 
 // managerChurn is the churn loop over an SDK manager. An acquire refused
 // with store_unavailable (the registry issues epochs from a block reserved
 // in the store, and refuses at once while the next block is being
 // reserved) is retried after a millisecond, at most refusedTries times; the
-// pair's latency includes the wait and the run counts the refusals.
-func (e *env) managerChurn(mgr *cheetah.Manager) func(*trial) (map[string]float64, error) {
+// pair's latency includes the wait and the run counts the refusals. The
+// acquires are for tenant (none when empty).
+func (e *env) managerChurn(mgr *cheetah.Manager, tenant string) func(*trial) (map[string]float64, error) {
 	const refusedTries = 1000
 	reqs := make([]cheetah.AcquireRequest, e.cfg.ChurnAcquirers)
 	for w := range reqs {
-		reqs[w] = cheetah.AcquireRequest{UserID: broker.User, TaskID: "churn-" + strconv.Itoa(w), ClientType: cheetah.Console}
+		reqs[w] = churnRequest(w, tenant)
 	}
 	var refused atomic.Int64
 	op := func(ctx context.Context, w int) error {

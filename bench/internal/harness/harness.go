@@ -271,66 +271,97 @@ type runner func() (run func(t *trial) (map[string]float64, error), cleanup func
 // absent; any other failure marks it failed. profile says whether the last
 // repeat is profiled (Cheetah's rows).
 func (e *env) row(sc, peer string, profile bool, setup runner) *report.Row {
-	row := &report.Row{Peer: peer}
-	e.logf("  %s: setting up", peer)
-	run, cleanup, err := setup()
-	if cleanup != nil {
-		defer cleanup()
-	}
-	if err != nil {
-		var ab absentError
-		if errors.As(err, &ab) {
-			row.Absent, row.Reason = true, "absent: "+err.Error()
-		} else {
-			row.Failed, row.Reason = true, "failed in setup: "+err.Error()
-		}
-		e.logf("  %s: %s", peer, row.Reason)
-		return row
-	}
-	figures := map[string][]float64{}
-	for i := range e.cfg.Repeats {
-		if e.ctx.Err() != nil {
-			row.Failed, row.Reason = true, "interrupted"
-			return row
-		}
-		runtime.GC()
-		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.RunTimeout)
-		t := &trial{ctx: ctx, i: i}
-		if profile && e.cfg.ProfileDir != "" && i == e.cfg.Repeats-1 {
-			t.profile = filepath.Join(e.cfg.ProfileDir, sc+"-"+slug(peer))
-		}
-		got, err := run(t)
-		cancel()
-		var part partialError
-		if errors.As(err, &part) {
-			// A failed run that still measured something worth reading
-			// (agents dropped): that run's figures alone, and why it failed.
-			row.Note = fmt.Sprintf("failed in run %d: %v; the figures are that run's that could be taken", i+1, part.err)
-			e.logf("  %s: %s", peer, row.Note)
-			row.Values = map[string]stats.Summary{}
-			for k, v := range part.figures {
-				row.Values[k] = stats.Summarize([]float64{v})
-			}
-			return row
+	return e.rows(sc, profile, []string{peer}, []runner{setup})[0]
+}
+
+// rows measures several peers as row does one, set up together and run in
+// turn (run 1 of each, then run 2 of each, …), so that a ratio between them
+// sees the same moments of the machine. A row that fails or is absent
+// leaves the others running.
+func (e *env) rows(sc string, profile bool, peers []string, setups []runner) []*report.Row {
+	out := make([]*report.Row, len(peers))
+	runs := make([]func(*trial) (map[string]float64, error), len(peers))
+	figures := make([]map[string][]float64, len(peers))
+	for j, peer := range peers {
+		row := &report.Row{Peer: peer}
+		out[j], figures[j] = row, map[string][]float64{}
+		e.logf("  %s: setting up", peer)
+		run, cleanup, err := setups[j]()
+		if cleanup != nil {
+			defer cleanup()
 		}
 		if err != nil {
-			row.Failed, row.Reason = true, fmt.Sprintf("failed in run %d: %v", i+1, err)
+			var ab absentError
+			if errors.As(err, &ab) {
+				row.Absent, row.Reason = true, "absent: "+err.Error()
+			} else {
+				row.Failed, row.Reason = true, "failed in setup: "+err.Error()
+			}
 			e.logf("  %s: %s", peer, row.Reason)
-			return row
+			continue
 		}
-		var parts []string
-		for k, v := range got {
-			figures[k] = append(figures[k], v)
-			parts = append(parts, fmt.Sprintf("%s=%s", k, report.Num(v)))
+		runs[j] = run
+	}
+	for i := range e.cfg.Repeats {
+		for j, run := range runs {
+			if run != nil && !e.repeat(sc, profile, i, out[j], figures[j], run) {
+				runs[j] = nil
+			}
 		}
-		slices.Sort(parts)
-		e.logf("  %s: run %d/%d: %s", peer, i+1, e.cfg.Repeats, strings.Join(parts, " "))
 	}
-	row.Values = map[string]stats.Summary{}
-	for k, runs := range figures {
-		row.Values[k] = stats.Summarize(runs)
+	for j, row := range out {
+		if runs[j] != nil {
+			row.Values = map[string]stats.Summary{}
+			for k, v := range figures[j] {
+				row.Values[k] = stats.Summarize(v)
+			}
+		}
 	}
-	return row
+	return out
+}
+
+// repeat is run i of row, whose figures so far are figures; it reports
+// whether the row goes on, or ends here (failed, interrupted, or with a
+// failed run's partial figures).
+func (e *env) repeat(sc string, profile bool, i int, row *report.Row, figures map[string][]float64, run func(*trial) (map[string]float64, error)) bool {
+	peer := row.Peer
+	if e.ctx.Err() != nil {
+		row.Failed, row.Reason = true, "interrupted"
+		return false
+	}
+	runtime.GC()
+	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.RunTimeout)
+	t := &trial{ctx: ctx, i: i}
+	if profile && e.cfg.ProfileDir != "" && i == e.cfg.Repeats-1 {
+		t.profile = filepath.Join(e.cfg.ProfileDir, sc+"-"+slug(peer))
+	}
+	got, err := run(t)
+	cancel()
+	var part partialError
+	if errors.As(err, &part) {
+		// A failed run that still measured something worth reading
+		// (agents dropped): that run's figures alone, and why it failed.
+		row.Note = fmt.Sprintf("failed in run %d: %v; the figures are that run's that could be taken", i+1, part.err)
+		e.logf("  %s: %s", peer, row.Note)
+		row.Values = map[string]stats.Summary{}
+		for k, v := range part.figures {
+			row.Values[k] = stats.Summarize([]float64{v})
+		}
+		return false
+	}
+	if err != nil {
+		row.Failed, row.Reason = true, fmt.Sprintf("failed in run %d: %v", i+1, err)
+		e.logf("  %s: %s", peer, row.Reason)
+		return false
+	}
+	var parts []string
+	for k, v := range got {
+		figures[k] = append(figures[k], v)
+		parts = append(parts, fmt.Sprintf("%s=%s", k, report.Num(v)))
+	}
+	slices.Sort(parts)
+	e.logf("  %s: run %d/%d: %s", peer, i+1, e.cfg.Repeats, strings.Join(parts, " "))
+	return true
 }
 
 func slug(s string) string {

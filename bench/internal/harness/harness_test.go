@@ -4,14 +4,21 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cheetahbroker/cheetah/bench/internal/broker"
 	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/quota"
 )
 
 func TestMain(m *testing.M) {
@@ -125,13 +132,13 @@ func TestGoalsNameScenarios(t *testing.T) {
 				drops++
 			}
 		}
-		if len(gs) != 11 || drops != 2 {
-			t.Errorf("%d goals, %d of drops: want 11 and 2", len(gs), drops)
+		if len(gs) != 13 || drops != 2 {
+			t.Errorf("%d goals, %d of drops: want 13 and 2", len(gs), drops)
 		}
 	}
 	c := Full()
 	c.ChurnPerClientMany = c.ChurnPerClient
-	if len(goals(c)) != 10 {
+	if len(goals(c)) != 12 {
 		t.Error("a many-contexts row equal to the usual one is not run, and has no goal")
 	}
 }
@@ -184,4 +191,78 @@ func (l *testLog) stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.done = true
+}
+
+// TestChurnQuotas checks that the quota row's registry has the quota in
+// force over the churn's acquires: a lease takes a slot at each of the three
+// levels, under the tenant's override, and its release gives them back.
+func TestChurnQuotas(t *testing.T) {
+	set, err := quota.Parse([]byte(churnQuotas))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := broker.StartRegistry(t.Context(), "", t.TempDir(), 2, 2, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	mgr := r.Manager()
+	h, err := mgr.Acquire(t.Context(), churnRequest(0, churnTenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	occ := r.Reg.Quotas().Quotas[0].Occupancy
+	want := registry.QuotaOccupancy{
+		Global:  registry.ScopeUse{Used: 1, Cap: 1000000},
+		Tenants: []registry.ScopeUse{{TenantID: churnTenant, Used: 1, Cap: 600000}},
+		Users:   []registry.ScopeUse{{TenantID: churnTenant, UserID: broker.User, Used: 1, Cap: 100000}},
+	}
+	if !reflect.DeepEqual(occ, want) {
+		t.Fatalf("occupancy under a churn lease %+v, want %+v", occ, want)
+	}
+	if _, err := mgr.Release(t.Context(), h); err != nil {
+		t.Fatal(err)
+	}
+	if occ := r.Reg.Quotas().Quotas[0].Occupancy; occ.Global.Used != 0 || len(occ.Tenants) != 0 || len(occ.Users) != 0 {
+		t.Fatalf("occupancy after the release %+v, want none", occ)
+	}
+}
+
+// TestRowsAlternate checks that rows runs its peers run by run in turn, and
+// that a peer that fails or is absent leaves the others measured.
+func TestRowsAlternate(t *testing.T) {
+	cfg := Smoke()
+	cfg.Repeats = 3
+	e := &env{ctx: t.Context(), cfg: cfg, log: io.Discard}
+	var order []string
+	peer := func(name string, failAt int) runner {
+		return func() (func(*trial) (map[string]float64, error), func(), error) {
+			return func(tr *trial) (map[string]float64, error) {
+				order = append(order, fmt.Sprintf("%s%d", name, tr.i))
+				if tr.i == failAt {
+					return nil, errors.New("broke")
+				}
+				return map[string]float64{"rate": float64(tr.i + 1)}, nil
+			}, nil, nil
+		}
+	}
+	absentPeer := func() (func(*trial) (map[string]float64, error), func(), error) {
+		return nil, nil, absent(errors.New("not running"))
+	}
+	rows := e.rows("churn", false, []string{"a", "b", "c", "d"}, []runner{peer("a", -1), peer("b", 1), absentPeer, peer("d", -1)})
+	if got := strings.Join(order, " "); got != "a0 b0 d0 a1 b1 d1 a2 d2" {
+		t.Errorf("runs in the order %s", got)
+	}
+	if v := rows[0].Values["rate"]; !rows[0].OK() || v.Median != 2 {
+		t.Errorf("a: %+v", rows[0])
+	}
+	if !rows[1].Failed || !strings.Contains(rows[1].Reason, "failed in run 2: broke") || rows[1].Values != nil {
+		t.Errorf("b: %+v", rows[1])
+	}
+	if !rows[2].Absent || !strings.Contains(rows[2].Reason, "not running") {
+		t.Errorf("c: %+v", rows[2])
+	}
+	if !rows[3].OK() {
+		t.Errorf("d: %+v", rows[3])
+	}
 }

@@ -219,13 +219,27 @@ export function stateFrame(contexts) {
   return { type: 'state', contexts };
 }
 
-/** contextReport describes one worker tab in a state frame. */
-export function contextReport(tab, labels) {
+/**
+ * contextReport describes one worker tab in a state frame. requestId, when
+ * given, names the create_context the tab was opened for (DESIGN §10).
+ */
+export function contextReport(tab, labels, requestId) {
   const r = { context_id: contextIdForTab(tab.id), tab_id: String(tab.id), owner: 'worker' };
   if (tab.url) r.url = truncateChars(tab.url, MAX_URL_CHARS);
   if (tab.title) r.title = truncateChars(tab.title, MAX_TITLE_CHARS);
   if (labels && Object.keys(labels).length > 0) r.labels = labels;
+  if (requestId) r.request_id = requestId;
   return r;
+}
+
+/**
+ * createFailedFrame answers a create_context the extension cannot honour
+ * (DESIGN §10): the acquire waiting for it fails creation_failed.
+ */
+export function createFailedFrame(requestId, code, message) {
+  const f = { type: 'create_failed', request_id: requestId, code };
+  if (message) f.message = String(message);
+  return f;
 }
 
 function truncateChars(s, n) {
@@ -259,6 +273,10 @@ export function parseFrame(text) {
       break;
     case 'assignment':
       if (typeof f.context_id !== 'string' || typeof f.state !== 'string') return { error: 'assignment without context_id or state' };
+      break;
+    case 'create_context':
+      if (!validId(f.request_id)) return { error: 'create_context without a valid request_id' };
+      if (f.url !== undefined && typeof f.url !== 'string') return { error: 'create_context with a url that is not a string' };
       break;
     default:
   }
