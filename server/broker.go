@@ -180,6 +180,12 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		return nil, err
 	}
 	keys := auth.New(store, o.AdminKey, o.Clock.Now)
+	if member != nil {
+		// A revocation on another replica reaches this one as Forget; were
+		// that lost (the replicas cut off from each other), the key is read
+		// again within this.
+		keys.SetCacheFor(keyCacheAmongReplicas)
+	}
 	hooks, err := webhook.New(webhook.Config{
 		Store: store, Keys: keys, Secret: o.WebhookSecret, AllowPrivate: o.WebhookAllowPrivate,
 		Clock: o.Clock, Log: o.Log, MeterProvider: mp,
@@ -236,6 +242,10 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 	return &Broker{Store: store, Registry: reg, Keys: keys, Server: srv, Webhooks: hooks, Retention: ret, Telemetry: tel,
 		Cluster: member, Quotas: quotas}, nil
 }
+
+// keyCacheAmongReplicas bounds how long a replica trusts a key it read,
+// when another replica may revoke it.
+const keyCacheAmongReplicas = 10 * time.Second
 
 // markInterrupted ends, at start, what a broker alone on its database had
 // in flight when it last stopped.

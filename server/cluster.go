@@ -661,7 +661,7 @@ func (s *Server) releaseAnywhere(c *gin.Context, l cheetah.Lease) {
 }
 
 // disconnectKeyEverywhere closes the clients of a revoked key on every
-// replica.
+// replica, each of which also forgets the key it may have cached.
 func (s *Server) disconnectKeyEverywhere(c *gin.Context, keyID string) int {
 	n := s.reg.DisconnectKey(keyID, protocol.CloseForbidden, "the client key was revoked")
 	if m := s.cfg.Cluster; m != nil && !fromPeer(c) {
@@ -684,6 +684,7 @@ func (s *Server) disconnectKeyEverywhere(c *gin.Context, keyID string) int {
 
 // disconnectKey is the internal route behind disconnectKeyEverywhere.
 func (s *Server) disconnectKey(c *gin.Context) {
+	s.keys.Forget(c.Param("id"))
 	n := s.reg.DisconnectKey(c.Param("id"), protocol.CloseForbidden, "the client key was revoked")
 	c.JSON(http.StatusOK, gin.H{"disconnected": n})
 }

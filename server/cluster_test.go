@@ -23,7 +23,7 @@ type replica struct{ *clustertest.Replica }
 
 const clusterAdminKey = clustertest.AdminKey
 
-func startCluster(t *testing.T, n int) []*replica {
+func startCluster(t testing.TB, n int) []*replica {
 	t.Helper()
 	rs := make([]*replica, n)
 	for i, r := range clustertest.Start(t, n, nil) {
@@ -34,7 +34,7 @@ func startCluster(t *testing.T, n int) []*replica {
 
 func (r *replica) api(key string) *remote.Client { return remote.NewClient(r.URL, key) }
 
-func (r *replica) key(t *testing.T, kind auth.Kind, userID string) string {
+func (r *replica) key(t testing.TB, kind auth.Kind, userID string) string {
 	t.Helper()
 	k, err := r.Broker.Keys.Create(context.Background(), kind, userID, "cluster-test")
 	require.NoError(t, err)
@@ -42,7 +42,7 @@ func (r *replica) key(t *testing.T, kind auth.Kind, userID string) string {
 }
 
 // clusterAgent connects a console agent with flows contexts to base.
-func clusterAgent(t *testing.T, base, key, clientID string, flows int, handlers map[string]agent.Handler) *agent.Agent {
+func clusterAgent(t testing.TB, base, key, clientID string, flows int, handlers map[string]agent.Handler) *agent.Agent {
 	t.Helper()
 	a := agent.New(agent.Config{URL: base, Token: key, ClientID: clientID, Name: "cluster-test", Flows: flows,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
@@ -71,7 +71,7 @@ func clusterAgent(t *testing.T, base, key, clientID string, flows int, handlers 
 
 // waitContexts waits until every replica's view shows clientID connected
 // with flows live contexts, none of them not live.
-func waitContexts(t *testing.T, base, clientID string, flows int) {
+func waitContexts(t testing.TB, base, clientID string, flows int) {
 	t.Helper()
 	admin := remote.NewClient(base, clusterAdminKey)
 	require.Eventually(t, func() bool {
@@ -96,7 +96,7 @@ type leaseAnswer struct {
 	Lease cheetah.Lease `json:"lease"`
 }
 
-func acquireOn(t *testing.T, c *remote.Client, body map[string]any) (cheetah.Lease, error) {
+func acquireOn(t testing.TB, c *remote.Client, body map[string]any) (cheetah.Lease, error) {
 	t.Helper()
 	var got leaseAnswer
 	err := c.Do(context.Background(), "POST", "/api/v1/acquire", body, &got)
@@ -262,6 +262,24 @@ func TestClusterWaitAndRevokeKeyAcrossReplicas(t *testing.T) {
 	require.NoError(t, rs[1].api(clusterAdminKey).Do(ctx, "DELETE", "/api/v1/admin/keys/"+clientKeyID, nil, &rk))
 	require.Equal(t, 1, rk.Disconnected)
 	require.Eventually(t, func() bool { return !connected(a) }, 10*time.Second, 5*time.Millisecond)
+
+	// An app key used on every replica (each caches it), revoked on one,
+	// is refused on every one at once.
+	for _, r := range rs {
+		require.NoError(t, r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/contexts/available", nil, nil))
+	}
+	appKeyID := ""
+	require.NoError(t, rs[0].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/keys", nil, &keys))
+	for _, k := range keys.Keys {
+		if k.Kind == string(auth.App) {
+			appKeyID = k.ID
+		}
+	}
+	require.NoError(t, rs[0].api(clusterAdminKey).Do(ctx, "DELETE", "/api/v1/admin/keys/"+appKeyID, nil, nil))
+	for i, r := range rs {
+		err := r.api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/contexts/available", nil, nil)
+		require.ErrorIs(t, err, cheetah.ErrUnauthorized, "replica %d", i)
+	}
 }
 
 // A replica cut off from PostgreSQL stops acting: it answers 503, closes

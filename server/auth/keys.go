@@ -72,19 +72,33 @@ type Store interface {
 }
 
 // Keys issues and verifies keys. Verified keys are cached by id; revoking
-// through Keys drops the cache entry at once.
+// through Keys drops the cache entry at once. Among replicas, another
+// replica's revocation reaches this one as Forget, and cached keys are read
+// again after CacheFor (SetCacheFor) in case that message was lost.
 type Keys struct {
 	store     Store
 	now       func() time.Time
 	bootstrap []byte // SHA-256 of CHEETAH_ADMIN_KEY, nil when unset
+	cacheFor  time.Duration
 
 	mu    sync.Mutex
-	cache map[string]history.Key
+	cache map[string]cachedKey
 	// misses remembers, for missTTL, key ids the store does not know: a
 	// flood of made-up keys is refused before any per-key rate limit can
 	// apply, and without it each one would cost a database query.
 	misses map[string]time.Time
 }
+
+// cachedKey is a key as read from the store, and when.
+type cachedKey struct {
+	rec history.Key
+	at  time.Time
+}
+
+// SetCacheFor makes a cached key be read from the store again once it is
+// older than d; zero (the default) keeps it until revoked through Keys.
+// Call it before the Keys are used.
+func (k *Keys) SetCacheFor(d time.Duration) { k.cacheFor = d }
 
 // missTTL is how long an unknown key id is refused without asking the
 // store; maxMisses bounds that memory (when it is full it starts over).
@@ -95,7 +109,7 @@ const (
 
 // New returns Keys over store. adminKey, when not empty, is an admin key.
 func New(store Store, adminKey string, now func() time.Time) *Keys {
-	k := &Keys{store: store, now: now, cache: map[string]history.Key{}, misses: map[string]time.Time{}}
+	k := &Keys{store: store, now: now, cache: map[string]cachedKey{}, misses: map[string]time.Time{}}
 	if adminKey != "" {
 		h := sha256.Sum256([]byte(adminKey))
 		k.bootstrap = h[:]
@@ -194,11 +208,11 @@ func (k *Keys) Verify(ctx context.Context, token string) (Key, error) {
 func (k *Keys) get(ctx context.Context, id string) (history.Key, error) {
 	now := k.now()
 	k.mu.Lock()
-	rec, ok := k.cache[id]
+	cached, ok := k.cache[id]
 	until, missed := k.misses[id]
 	k.mu.Unlock()
-	if ok {
-		return rec, nil
+	if ok && (k.cacheFor == 0 || now.Sub(cached.at) < k.cacheFor) {
+		return cached.rec, nil
 	}
 	if missed && now.Before(until) {
 		return history.Key{}, cheetah.ErrUnauthorized
@@ -217,7 +231,7 @@ func (k *Keys) get(ctx context.Context, id string) (history.Key, error) {
 		return history.Key{}, err
 	}
 	k.mu.Lock()
-	k.cache[id] = rec
+	k.cache[id] = cachedKey{rec: rec, at: now}
 	k.mu.Unlock()
 	return rec, nil
 }
@@ -273,10 +287,16 @@ func (k *Keys) Revoke(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("auth: revoke key: %w", err)
 	}
+	k.Forget(id)
+	return ok, nil
+}
+
+// Forget drops what Keys remembers of key id, so that its next use reads
+// the store: another replica revoked it (server/cluster.go).
+func (k *Keys) Forget(id string) {
 	k.mu.Lock()
 	delete(k.cache, id)
 	k.mu.Unlock()
-	return ok, nil
 }
 
 // EnsureAdmin makes an admin key when none came from the environment and

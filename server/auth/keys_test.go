@@ -188,3 +188,36 @@ func TestActive(t *testing.T) {
 	_, err = setup(t, "").Active(ctx, auth.BootstrapID)
 	require.ErrorIs(t, err, cheetah.ErrUnauthorized, "no bootstrap key without CHEETAH_ADMIN_KEY")
 }
+
+// Two Keys on one store, as two replicas: a key revoked through one is
+// refused by the other once it forgets it, or once its cached copy is
+// older than SetCacheFor, whichever comes first.
+func TestRevocationReachesAnotherKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := historytest.NewSQLite(t)
+	var now atomic.Int64
+	now.Store(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	a, b := auth.New(store, "", clock), auth.New(store, "", clock)
+	b.SetCacheFor(10 * time.Second)
+
+	for _, forget := range []bool{true, false} {
+		c, err := a.Create(ctx, auth.App, "", "app")
+		require.NoError(t, err)
+		_, err = b.Verify(ctx, c.Secret) // b caches it
+		require.NoError(t, err)
+		ok, err := a.Revoke(ctx, c.ID)
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = b.Verify(ctx, c.Secret)
+		require.NoError(t, err, "b trusts its cached copy for now")
+		if forget {
+			b.Forget(c.ID)
+		} else {
+			now.Add(int64(11 * time.Second))
+		}
+		_, err = b.Verify(ctx, c.Secret)
+		require.ErrorIs(t, err, cheetah.ErrUnauthorized, "forget=%v", forget)
+	}
+}
