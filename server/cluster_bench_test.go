@@ -29,7 +29,9 @@ func BenchmarkClusterRoundTrip(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer func() { _ = api.Do(context.Background(), "POST", "/api/v1/lease/release", nil, nil, "X-Lease", l.LeaseToken) }()
+			defer func() {
+				_ = api.Do(context.Background(), "POST", "/api/v1/lease/release", nil, nil, "X-Lease", l.LeaseToken)
+			}()
 			body := map[string]any{"name": "echo", "params": map[string]int{"n": 1}}
 			var lat []time.Duration
 			for b.Loop() {

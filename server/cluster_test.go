@@ -2,8 +2,11 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -464,4 +467,91 @@ func TestClusterPeerKeyNeedsASignature(t *testing.T) {
 	}
 	require.Equal(t, http.StatusOK, get(true))
 	require.Equal(t, http.StatusUnauthorized, get(false))
+}
+
+// PostgreSQL goes away under a load on three replicas (every replica's
+// link cut) and comes back: the replicas fail closed (nothing succeeds
+// while they cannot reach it; acquires and sends answer 503), recover
+// without a restart, and every command id a caller was given has a record
+// that ends.
+func TestClusterDatabaseAwayAndBack(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	clientKey := rs[0].key(t, auth.Client, user)
+	for i := range 3 {
+		clusterAgent(t, rs[i].URL, clientKey, fmt.Sprintf("agent-%d", i), 2, nil)
+	}
+	var mu sync.Mutex
+	var ids []string
+	var okDuringOutage atomic.Int64
+	var away atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			api := rs[w%3].api(appKey)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := acquireOn(t, api, map[string]any{"user_id": user, "task_id": fmt.Sprintf("w%d", w), "client_type": "console", "wait_ms": 100})
+				if err != nil {
+					continue
+				}
+				if away.Load() {
+					okDuringOutage.Add(1)
+				}
+				var sent cheetah.Sent
+				if api.Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, &sent, "X-Lease", l.LeaseToken) == nil {
+					if away.Load() {
+						okDuringOutage.Add(1)
+					}
+					mu.Lock()
+					ids = append(ids, sent.CommandID)
+					mu.Unlock()
+				}
+				_ = api.Do(ctx, "POST", "/api/v1/lease/release", nil, nil, "X-Lease", l.LeaseToken)
+			}
+		})
+	}
+	// Some work goes through, then the database goes away for everyone.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) >= 20 }, 30*time.Second, 5*time.Millisecond)
+	for _, r := range rs {
+		r.Link.Cut()
+	}
+	require.Eventually(t, func() bool {
+		for _, r := range rs {
+			if r.Broker.Cluster.Valid() {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 5*time.Millisecond, "every replica fences")
+	away.Store(true)
+	for _, r := range rs {
+		_, err := acquireOn(t, r.api(appKey), map[string]any{"user_id": user, "task_id": "probe", "client_type": "console"})
+		require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	}
+	away.Store(false)
+	before := func() int { mu.Lock(); defer mu.Unlock(); return len(ids) }()
+	for _, r := range rs {
+		r.Link.Heal()
+	}
+	// Back without a restart: work goes through again.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ids) >= before+20 }, 60*time.Second, 10*time.Millisecond)
+	close(stop)
+	wg.Wait()
+	require.Zero(t, okDuringOutage.Load(), "nothing succeeded while every replica was fenced")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		require.Eventually(t, func() bool {
+			var rec struct{ Command cheetah.CommandRecord }
+			return rs[0].api(appKey).Do(ctx, "GET", "/api/v1/users/"+user+"/commands/"+id, nil, &rec) == nil && rec.Command.Status.Terminal()
+		}, 30*time.Second, 10*time.Millisecond, "command %s ends", id)
+	}
 }
