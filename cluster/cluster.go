@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/cheetahbroker/cheetah/history"
 )
@@ -75,6 +76,9 @@ type Config struct {
 	Grace time.Duration
 	Clock clockwork.Clock
 	Log   *slog.Logger
+	// MeterProvider makes the member's gauges (cheetah.replicas,
+	// cheetah.replica.valid); nil records none.
+	MeterProvider metric.MeterProvider
 	// AfterTick, when set, runs at the end of every tick of a valid
 	// member, with the tick's context: work that must follow the reaping
 	// (adopting the leases of reaped replicas).
@@ -140,6 +144,7 @@ type Member struct {
 	fencedMu sync.Mutex
 	fenced   bool
 
+	gauges  metric.Registration // nil without a MeterProvider
 	started atomic.Bool
 	stop    chan struct{}
 	done    chan struct{}
@@ -164,7 +169,38 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, err
 	}
 	m.look(ctx)
+	if cfg.MeterProvider != nil {
+		if err := m.register(cfg.MeterProvider); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
+}
+
+// register makes the member's gauges: no label carries a replica id, so
+// each replica's /metrics stays as small with many replicas as with one.
+func (m *Member) register(mp metric.MeterProvider) error {
+	meter := mp.Meter("github.com/cheetahbroker/cheetah/cluster")
+	replicas, err := meter.Int64ObservableGauge("cheetah.replicas", metric.WithUnit("{replica}"),
+		metric.WithDescription("Live replicas on the database as this replica last read them, itself included."))
+	if err != nil {
+		return err
+	}
+	valid, err := meter.Int64ObservableGauge("cheetah.replica.valid",
+		metric.WithDescription("1 while this replica may act for its clients, 0 while it is fenced."))
+	if err != nil {
+		return err
+	}
+	m.gauges, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(replicas, int64(len(m.Peers())+1))
+		v := int64(0)
+		if m.Valid() {
+			v = 1
+		}
+		o.ObserveInt64(valid, v)
+		return nil
+	}, replicas, valid)
+	return err
 }
 
 // ID returns the replica's id.
@@ -213,6 +249,9 @@ func (m *Member) Stop(ctx context.Context) error {
 	m.once.Do(func() { close(m.stop) })
 	if m.started.Load() {
 		<-m.done
+	}
+	if m.gauges != nil {
+		_ = m.gauges.Unregister()
 	}
 	return m.cfg.Store.LeaveReplica(ctx, m.cfg.ID)
 }

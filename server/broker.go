@@ -158,7 +158,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		// A replica ends only the commands of replicas that are gone (its
 		// own previous life among them), never another live one's.
 		member, err = cluster.Join(ctx, cluster.Config{Store: store, ID: replicaID, URL: o.AdvertiseURL,
-			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, OnFenced: func() {
+			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, MeterProvider: mp, OnFenced: func() {
 				if s := srvRef.Load(); s != nil {
 					// Others may take its clients and leases from now on:
 					// it forgets them, writing nothing.

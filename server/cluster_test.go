@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"sync"
@@ -203,6 +204,17 @@ func TestClusterAnyReplicaServesAnything(t *testing.T) {
 	require.True(t, revoked.Revoked)
 	err = rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", l3.LeaseToken)
 	requireLost(t, err, cheetah.LostRevoked)
+
+	// Each replica's metrics say how many replicas it sees, and that it
+	// acts; no label names a replica.
+	resp, err := http.Get(rs[1].URL + "/metrics")
+	require.NoError(t, err)
+	metrics, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Regexp(t, `(?m)^cheetah_replicas(\{[^}]*\})? 3$`, string(metrics))
+	require.Regexp(t, `(?m)^cheetah_replica_valid(\{[^}]*\})? 1$`, string(metrics))
+	require.NotContains(t, string(metrics), rs[0].Broker.Cluster.ID())
 
 	// A token of no replica is an unknown lease everywhere.
 	err = rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands", map[string]any{"name": "echo"}, nil, "X-Lease", "ffffffff000000000000000000000000")
