@@ -47,6 +47,12 @@ type Options struct {
 	MaxInFlightPerContext int
 	// Log receives the broker's logs; nil discards them.
 	Log *slog.Logger
+	// Replica makes the broker a replica of the others on DatabaseURL
+	// (docs/cluster.md): it advertises its own listener to them.
+	Replica bool
+	// AppKey and ClientKey, when set, are used instead of new keys (the
+	// replicas of one database share them).
+	AppKey, ClientKey string
 }
 
 // Broker is a running broker with its listener, keys and agents.
@@ -94,34 +100,75 @@ func Start(ctx context.Context, o Options) (*Broker, error) {
 	default:
 		return nil, fmt.Errorf("broker: unknown store %q", o.Store)
 	}
-	var err error
-	if b.B, err = server.Open(ctx, so); err != nil {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		os.RemoveAll(b.dir)
 		return nil, err
 	}
-	app, err := b.B.Keys.Create(ctx, auth.App, "", "bench app")
-	if err != nil {
-		b.closeBroker()
-		return nil, err
-	}
-	client, err := b.B.Keys.Create(ctx, auth.Client, User, "bench clients")
-	if err != nil {
-		b.closeBroker()
-		return nil, err
-	}
-	b.AppKey, b.ClientKey = app.Secret, client.Secret
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.closeBroker()
-		return nil, err
-	}
 	b.URL = "http://" + ln.Addr().String()
+	if o.Replica {
+		so.AdvertiseURL = b.URL
+	}
+	if b.B, err = server.Open(ctx, so); err != nil {
+		ln.Close()
+		os.RemoveAll(b.dir)
+		return nil, err
+	}
+	b.AppKey, b.ClientKey = o.AppKey, o.ClientKey
+	if b.AppKey == "" {
+		app, err := b.B.Keys.Create(ctx, auth.App, "", "bench app")
+		if err != nil {
+			ln.Close()
+			b.closeBroker()
+			return nil, err
+		}
+		client, err := b.B.Keys.Create(ctx, auth.Client, User, "bench clients")
+		if err != nil {
+			ln.Close()
+			b.closeBroker()
+			return nil, err
+		}
+		b.AppKey, b.ClientKey = app.Secret, client.Secret
+	}
 	b.srv = &http.Server{Handler: b.B.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		defer close(b.served)
 		_ = b.srv.Serve(ln)
 	}()
 	return b, nil
+}
+
+// StartReplicas starts n replicas on one PostgreSQL database (o.Store must
+// be Postgres), sharing one app key and one client key, and waits until
+// each knows the others.
+func StartReplicas(ctx context.Context, o Options, n int) ([]*Broker, error) {
+	o.Replica = true
+	var rs []*Broker
+	closeAll := func() {
+		for _, r := range rs {
+			r.Close()
+		}
+	}
+	for range n {
+		r, err := Start(ctx, o)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		rs = append(rs, r)
+		o.AppKey, o.ClientKey = r.AppKey, r.ClientKey
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, r := range rs {
+		for len(r.B.Cluster.Peers()) != n-1 {
+			if time.Now().After(deadline) {
+				closeAll()
+				return nil, fmt.Errorf("broker: replica %s sees %d others, want %d", r.B.Cluster.ID(), len(r.B.Cluster.Peers()), n-1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return rs, nil
 }
 
 // Manager is the in-process SDK.

@@ -19,7 +19,7 @@ type Config struct {
 	Repeats int `json:"repeats"`
 	// Seed fixes every pseudo-random choice: payload bytes, keys tried.
 	Seed uint64 `json:"seed"`
-	// Only lists the scenarios to run (numbers 1–5 or keys); empty is all.
+	// Only lists the scenarios to run (numbers 1–6 or keys); empty is all.
 	Only []string `json:"only,omitempty"`
 
 	// 1. Round trips per run, after WarmupRoundTrips excluded ones.

@@ -67,6 +67,11 @@ func goals(c Config) []report.Goal {
 		{Scenario: 3, Figure: fmt.Sprintf("agents dropped under churn, in process, %d contexts per client", fewFlows),
 			Of:   at("churn", peerCheetahInProc, "dropped"),
 			Goal: 0, AtMost: true},
+		{Scenario: 6, Figure: "round trip p50, caller on another replica than the client's",
+			Reference: "the same round trip, caller on the client's replica (issue 12: the hop adds at most one loopback round trip)",
+			Of:        at("cluster", peerOtherReplica, "p50"),
+			Per:       at("cluster", peerSameReplica, "p50"),
+			Goal:      1.3, AtMost: true},
 	}
 	if c.churnMany() {
 		_, flows := agentsFor(c.ChurnContexts, c.ChurnPerClientMany)

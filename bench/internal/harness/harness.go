@@ -37,6 +37,7 @@ var scenarios = []scenarioDef{
 	{3, "churn", (*env).churn},
 	{4, "ingest", (*env).ingest},
 	{5, "connections", (*env).connections},
+	{6, "cluster", (*env).cluster},
 }
 
 // env is what every scenario shares: the configuration, the log, and which

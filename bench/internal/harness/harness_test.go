@@ -46,7 +46,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := 5
+	want := len(scenarios)
 	if testing.Short() {
 		want = 2
 	}
@@ -132,13 +132,13 @@ func TestGoalsNameScenarios(t *testing.T) {
 				drops++
 			}
 		}
-		if len(gs) != 13 || drops != 2 {
-			t.Errorf("%d goals, %d of drops: want 13 and 2", len(gs), drops)
+		if len(gs) != 14 || drops != 2 {
+			t.Errorf("%d goals, %d of drops: want 14 and 2", len(gs), drops)
 		}
 	}
 	c := Full()
 	c.ChurnPerClientMany = c.ChurnPerClient
-	if len(goals(c)) != 12 {
+	if len(goals(c)) != 13 {
 		t.Error("a many-contexts row equal to the usual one is not run, and has no goal")
 	}
 }
