@@ -1,13 +1,14 @@
 // The console's entry point: sign-in, the live overview stream, navigation
-// between the four views, and the shared confirmation and status helpers.
+// between the views, and the shared confirmation and status helpers.
 import { call, setSession, whenSignedOut, APIError } from './api.js';
 import { replace, duration } from './dom.js';
 import * as overview from './overview.js';
 import * as leases from './leases.js';
 import * as history from './history.js';
 import * as keys from './keys.js';
+import * as quotas from './quotas.js';
 
-const views = { overview, leases, history, keys };
+const views = { overview, leases, history, keys, quotas };
 const $ = (id) => document.getElementById(id);
 
 // state is what the views share: the latest overview snapshot and the
@@ -71,6 +72,7 @@ export function render(live) {
   if (!state.session) return;
   const r = route();
   if (live && !r.view.live) return;
+  r.live = live;
   const active = document.activeElement;
   const key = active && active.dataset ? active.dataset.key : undefined;
   for (const a of document.querySelectorAll('#nav a')) {

@@ -5,7 +5,19 @@ import { confirm, say, fail, ago, remaining } from './app.js';
 
 export const live = true;
 
-const STATES = [['idle', 'Idle'], ['leased', 'Leased'], ['not_live', 'Not live'], ['human', 'Human']];
+// The states a pool may count contexts by, in the order shown, with their
+// labels. The page shows the states the broker reports, whatever they are:
+// these in this order, then any other by its key, sorted.
+const STATES = [['idle', 'Idle'], ['leased', 'Leased'], ['held', 'Held'], ['not_live', 'Not live'], ['human', 'Human']];
+
+// states lists a pool's counts as [key, label, count].
+export function states(counts) {
+  const c = counts || {};
+  const known = new Map(STATES);
+  const extra = Object.keys(c).filter((k) => !known.has(k)).sort();
+  return [...STATES.filter(([k]) => k in c), ...extra.map((k) => [k, k.replace(/_/g, ' ').replace(/^./, (x) => x.toUpperCase())])]
+    .map(([k, label]) => [k, label, Number(c[k]) || 0]);
+}
 
 async function disconnect(c) {
   const ok = await confirm('Disconnect client',
@@ -20,7 +32,9 @@ async function disconnect(c) {
   }
 }
 
-function clientRows(u) {
+// clientRows lays out the clients; the Replica column is there only when
+// the broker runs as replicas (a client then says which one it is on).
+function clientRows(u, replicas) {
   return u.clients.map((c) => [
     h('span', { class: 'name' }, c.name || '—'),
     h('code', {}, c.client_id),
@@ -29,12 +43,13 @@ function clientRows(u) {
     labels(c.labels),
     c.connected ? h('span', { title: time(c.connected_at) }, time(c.connected_at), h('br'), h('span', { class: 'muted', 'data-since': c.connected_at }, ago(c.connected_at)))
       : h('span', { class: 'warn' }, 'away (reconnect grace)'),
+    replicas ? h('code', { class: 'replica' }, c.replica || '—') : null,
     String(c.contexts),
     c.connected
       ? h('button', { type: 'button', class: 'danger', 'data-key': `disconnect:${c.user_id}:${c.client_id}`,
         'aria-label': `Disconnect client ${c.client_id} of ${c.user_id}`, onclick: () => disconnect(c) }, 'Disconnect')
       : '',
-  ]);
+  ].filter((cell) => cell !== null));
 }
 
 function idleRows(u) {
@@ -60,16 +75,17 @@ function leaseRows(leases) {
 }
 
 function user(u, leases) {
+  const replicas = u.clients.some((c) => c.replica);
   const id = `user-${u.user_id}`;
   return h('section', { class: 'user card', 'aria-labelledby': id },
     h('h2', { id }, u.user_id),
     h('ul', { class: 'counts', 'aria-label': `contexts of ${u.user_id} by state` },
-      STATES.map(([k, label]) => h('li', { class: `count ${k}` }, h('span', { class: 'n' }, String(u.contexts[k] || 0)), ' ', label)),
+      states(u.contexts).map(([k, label, n]) => h('li', { class: `count ${k}` }, h('span', { class: 'n' }, String(n)), ' ', label)),
       h('li', { class: 'count' }, h('span', { class: 'n' }, String(u.leases)), ' Leases'),
       h('li', { class: 'count' }, h('span', { class: 'n' }, String(u.waiters)), ' Waiting acquires')),
     table(`Clients of ${u.user_id}`,
-      ['Name', 'Client id', 'Type', 'Version', 'Labels', 'Connected since', 'Contexts', ''],
-      clientRows(u), 'No clients.'),
+      ['Name', 'Client id', 'Type', 'Version', 'Labels', 'Connected since', ...(replicas ? ['Replica'] : []), 'Contexts', ''],
+      clientRows(u, replicas), 'No clients.'),
     table(`Leased contexts of ${u.user_id}`,
       ['Client', 'Context', 'Task', 'Epoch', 'Remaining'],
       leaseRows(leases.filter((l) => l.user_id === u.user_id)), 'No leased contexts.'),
