@@ -47,6 +47,7 @@ func TestConsoleAccessibility(t *testing.T) {
 	}
 	br := startBroker(t, server.Options{})
 	startAgent(t, br)
+	setQuotas(t, br, e2eQuotas)
 	var acq struct{ Lease cheetah.Lease }
 	if st, raw := br.api(t, adminKey, http.MethodPost, "/api/v1/acquire", nil,
 		map[string]any{"user_id": e2eUser, "task_id": e2eTask, "client_type": "console"}, &acq); st != http.StatusCreated {
@@ -109,6 +110,17 @@ func TestConsoleAccessibility(t *testing.T) {
 			p.run("keys listed", chromedp.WaitVisible(`//main//caption[text()="API keys"]`))
 			axe(t, p, src, "keys")
 			p.screenshot(size.name + "-keys")
+
+			// From the top of the page, Tab reaches the Quotas link.
+			eval[bool](p, `document.getElementById('skip').focus(); true`)
+			tabTo(t, p, `document.activeElement.getAttribute('href') === '#quotas'`)
+			p.run("open quotas", chromedp.KeyEvent(kb.Enter),
+				chromedp.WaitVisible(`//main//caption[text()="Occupancy of consoles"]`))
+			axe(t, p, src, "quotas")
+			p.screenshot(size.name + "-quotas")
+			if over := eval[float64](p, `document.documentElement.scrollWidth - window.innerWidth`); over > 0 {
+				t.Errorf("the Quotas page is %v pixels wider than a %d-pixel window", over, size.w)
+			}
 
 			// Nothing is wider than the window.
 			if over := eval[float64](p, `document.documentElement.scrollWidth - window.innerWidth`); over > 0 {

@@ -3,6 +3,8 @@ package console_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +20,7 @@ import (
 	"github.com/cheetahbroker/cheetah/agent"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/protocol"
+	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -73,6 +76,43 @@ func countdownSeconds(t *testing.T, p *page) int {
 		return sec
 	}
 	return -1
+}
+
+// e2eQuotas caps the console contexts the tests acquire.
+const e2eQuotas = `
+quotas:
+  - name: consoles
+    match: {client_type: console}
+    levels: {global: 10, user: 2}
+`
+
+// setQuotas puts a quota document in force, as a good reload of the quota
+// file does.
+func setQuotas(t *testing.T, br *broker, doc string) {
+	t.Helper()
+	qs, err := quota.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.b.Registry.SetQuotas(qs)
+}
+
+// quotaUse reads the used and cap cells of a quota's occupancy row off the
+// Quotas page: level global, tenant or user, and the scope's user id ("" for
+// none). ok is false while there is no such row.
+func quotaUse(t *testing.T, p *page, name, level, user string) (used, limit string, ok bool) {
+	t.Helper()
+	got := eval[[]string](p, `(() => {
+		const t = [...document.querySelectorAll('main table')].find(t => t.caption.textContent === 'Occupancy of ' + `+jsString(name)+`);
+		if (!t) return [];
+		const want = `+jsString(user)+` || '—';
+		const r = [...t.tBodies[0].rows].find(r => r.cells[0].textContent === `+jsString(level)+` && r.cells[2].textContent === want);
+		return r ? [r.cells[3].textContent, r.cells[4].textContent] : [];
+	})()`)
+	if len(got) != 2 {
+		return "", "", false
+	}
+	return got[0], got[1], true
 }
 
 // TestConsoleEndToEnd drives the console in Debian's chromium against a real
@@ -138,7 +178,8 @@ func TestConsoleEndToEnd(t *testing.T) {
 	p.screenshot("02-overview")
 
 	// Acquire through the API; the lease shows on the page, with a countdown
-	// that counts down, and no token anywhere.
+	// that counts down, and no token anywhere. A quota governs it.
+	setQuotas(t, br, e2eQuotas)
 	var acq struct{ Lease cheetah.Lease }
 	st, raw := br.api(t, adminKey, http.MethodPost, "/api/v1/acquire", nil,
 		map[string]any{"user_id": e2eUser, "task_id": e2eTask, "client_type": "console", "ttl_s": 300}, &acq)
@@ -162,6 +203,42 @@ func TestConsoleEndToEnd(t *testing.T) {
 	if err := br.b.Webhooks.Flush(fctx); err != nil { // the delivery is recorded
 		t.Fatal(err)
 	}
+	// The Quotas page shows the lease's slot, as the API counts it.
+	p.show("quotas", "Quotas")
+	var qv registry.QuotasView
+	if st, raw := br.api(t, adminKey, http.MethodGet, "/api/v1/admin/quotas", nil, nil, &qv); st != http.StatusOK || len(qv.Quotas) != 1 {
+		t.Fatalf("quotas: %d %s", st, raw)
+	}
+	var want registry.ScopeUse
+	for _, u := range qv.Quotas[0].Occupancy.Users {
+		if u.UserID == e2eUser {
+			want = u
+		}
+	}
+	if want.Used != 1 || want.Cap != 2 {
+		t.Fatalf("the API counts %+v for %s", want, e2eUser)
+	}
+	eventually(t, 10*time.Second, "the user's slot on the Quotas page", func() bool {
+		_, _, ok := quotaUse(t, p, "consoles", "user", e2eUser)
+		return ok
+	})
+	if used, cp, _ := quotaUse(t, p, "consoles", "user", e2eUser); used != strconv.Itoa(want.Used) || cp != strconv.Itoa(want.Cap) {
+		t.Fatalf("the Quotas page shows %s of %s for %s, the API %d of %d", used, cp, e2eUser, want.Used, want.Cap)
+	}
+	if used, cp, _ := quotaUse(t, p, "consoles", "global", ""); used != "1" || cp != "10" {
+		t.Fatalf("the Quotas page shows %s of %s globally, want 1 of 10", used, cp)
+	}
+	quotaPage := eval[string](p, `document.querySelector('main').textContent`)
+	for _, w := range []string{"client type console", "global 10, user 2", e2eTask, lease.ContextID} {
+		if !strings.Contains(quotaPage, w) {
+			t.Errorf("the Quotas page lacks %q", w)
+		}
+	}
+	if strings.Contains(eval[string](p, `document.documentElement.outerHTML`), lease.LeaseToken) {
+		t.Fatal("the lease token is in the Quotas page")
+	}
+	p.screenshot("03-quotas")
+
 	p.show("leases", "Leases")
 	p.run("see the lease", chromedp.WaitVisible(`//main//td/span[@class="task" and text()="`+e2eTask+`"]`))
 	leaseRow := eval[string](p, `[...document.querySelectorAll('main tbody tr')].find(r => r.textContent.includes('`+e2eTask+`')).textContent`)
@@ -196,6 +273,25 @@ func TestConsoleEndToEnd(t *testing.T) {
 		map[string]any{"name": "shoot"}, nil)
 	if e := errorOf(t, raw); st != http.StatusLocked || e.Code != cheetah.CodeLeaseLost || e.Reason != string(cheetah.LostRevoked) {
 		t.Fatalf("a send after the revoke: %d %s, want 423 lease_lost revoked", st, raw)
+	}
+
+	// The Quotas page follows the leases live: the revoke gave the slot back,
+	// and an acquire takes one, with no reload.
+	p.show("quotas", "Quotas")
+	eventually(t, 10*time.Second, "the revoked lease's slot to be free", func() bool {
+		used, _, _ := quotaUse(t, p, "consoles", "global", "")
+		return used == "0"
+	})
+	if st, raw := br.api(t, adminKey, http.MethodPost, "/api/v1/acquire", nil,
+		map[string]any{"user_id": e2eUser, "task_id": "t-quota", "client_type": "console"}, nil); st != http.StatusCreated {
+		t.Fatalf("acquire: %d %s", st, raw)
+	}
+	eventually(t, 10*time.Second, "the new lease's slot to show", func() bool {
+		used, _, _ := quotaUse(t, p, "consoles", "user", e2eUser)
+		return used == "1"
+	})
+	if n := eval[float64](p, `performance.getEntriesByType('navigation').length`); n != reloads {
+		t.Fatalf("the page was reloaded (%v navigations, was %v)", n, reloads)
 	}
 
 	// History: search by user and command id, and open the timeline.
@@ -413,6 +509,82 @@ func TestConsoleRendersClientTextAsText(t *testing.T) {
 		t.Fatalf("%v elements were made from the command's messages (an SVG capture is not shown as an image)", n)
 	}
 	p.screenshot("xss-command")
+
+	// A quota's match labels come from the quota file, and the reason a
+	// reload failed from its parser: text as well. (Quota and tenant names
+	// are ids: no markup gets through.)
+	setQuotas(t, br, `
+quotas:
+  - name: hostile
+    match: {labels: {note: "`+xssLabel+`"}}
+    levels: {user: 1}
+`)
+	br.b.Registry.QuotasBroken(errors.New("line 3: " + xssTitle))
+	p.show("quotas", "Quotas")
+	p.run("see the broken quota file", chromedp.WaitVisible(chromedp.CSS(`main .banner`)))
+	if got := eval[string](p, `document.querySelector('main .banner').textContent`); !strings.Contains(got, "quota_unavailable") || !strings.Contains(got, "line 3: "+xssTitle) {
+		t.Errorf("the banner says %q", got)
+	}
+	if got := eval[string](p, `document.querySelector('main .match').textContent`); !strings.Contains(got, "note="+xssLabel) {
+		t.Errorf("the quota's match shows as %q", got)
+	}
+	if n := eval[float64](p, `document.querySelectorAll('img[src="x"], main svg, main script').length`); n != 0 {
+		t.Fatalf("%v elements were made from the quota file", n)
+	}
+	p.screenshot("xss-quotas")
+	p.noProblems()
+}
+
+// TestConsoleOverviewReplicaAndStates feeds the overview view snapshots as
+// the event stream sends them: from replicas, each client names its
+// replica in a Replica column, which is not there when no client names one;
+// the contexts are counted by whatever states the pools report, known ones
+// by their labels and in their order.
+func TestConsoleOverviewReplicaAndStates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser; skipped with -short")
+	}
+	br := startBroker(t, server.Options{})
+	p := openBrowser(t, br.url, 1280, 800)
+	p.signIn(adminKey)
+	var got struct {
+		Heads, Row, Plain, Counts []string
+	}
+	raw := eval[string](p, `import('/ui/overview.js').then((m) => {
+		const now = new Date().toISOString();
+		const client = (id, replica) => ({ user_id: 'usr_r', client_id: id, client_type: 'browser', name: id, version: '1',
+			labels: {}, connected: true, connected_at: now, contexts: 1, ...(replica ? { replica } : {}) });
+		const snap = (clients, contexts) => ({ overview: { now, leases: [],
+			users: [{ user_id: 'usr_r', contexts, leases: 0, waiters: 0, clients, idle: [] }] } });
+		const table = (el) => el.querySelector('table');
+		const texts = (els) => [...els].map((e) => e.textContent);
+		const cluster = m.render({}, snap([client('ext-a', 'replica-<b>1</b>'), client('ext-b')],
+			{ idle: 1, leased: 2, not_live: 0, human: 3, held: 4, frozen_solid: 5 }));
+		const single = m.render({}, snap([client('ext-c')], { idle: 1, leased: 0, not_live: 0, human: 0 }));
+		return JSON.stringify({
+			heads: texts(table(cluster).querySelectorAll('th')),
+			row: texts(table(cluster).tBodies[0].rows[0].cells),
+			plain: texts(table(single).querySelectorAll('th')),
+			counts: texts(cluster.querySelectorAll('.counts li')),
+		});
+	})`)
+	if err := json.Unmarshal([]byte(raw), &got); err != nil {
+		t.Fatal(err)
+	}
+	wantHeads := []string{"Name", "Client id", "Type", "Version", "Labels", "Connected since", "Replica", "Contexts", ""}
+	if strings.Join(got.Heads, "|") != strings.Join(wantHeads, "|") {
+		t.Errorf("the clients' columns from replicas are %q", got.Heads)
+	}
+	if len(got.Row) != len(wantHeads) || got.Row[6] != "replica-<b>1</b>" {
+		t.Errorf("the client's row is %q, want its replica in the Replica column", got.Row)
+	}
+	if strings.Contains(strings.Join(got.Plain, "|"), "Replica") {
+		t.Errorf("the clients' columns without replicas are %q", got.Plain)
+	}
+	wantCounts := []string{"1 Idle", "2 Leased", "4 Held", "0 Not live", "3 Human", "5 Frozen solid", "0 Leases", "0 Waiting acquires"}
+	if strings.Join(got.Counts, "|") != strings.Join(wantCounts, "|") {
+		t.Errorf("the counts are %q, want %q", got.Counts, wantCounts)
+	}
 	p.noProblems()
 }
 
