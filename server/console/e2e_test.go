@@ -539,7 +539,8 @@ quotas:
 // the event stream sends them: from replicas, each client names its
 // replica in a Replica column, which is not there when no client names one;
 // the contexts are counted by whatever states the pools report, known ones
-// by their labels and in their order.
+// by their labels and in their order. It then opens the Quotas page of a
+// broker without a quota file.
 func TestConsoleOverviewReplicaAndStates(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a browser; skipped with -short")
@@ -585,6 +586,17 @@ func TestConsoleOverviewReplicaAndStates(t *testing.T) {
 	if strings.Join(got.Counts, "|") != strings.Join(wantCounts, "|") {
 		t.Errorf("the counts are %q, want %q", got.Counts, wantCounts)
 	}
+
+	// A broker without a quota file has no quotas, and the page says so.
+	if st, raw := br.api(t, adminKey, http.MethodGet, "/api/v1/admin/quotas", nil, nil, nil); st != http.StatusOK || string(raw) != `{"quotas":[]}` {
+		t.Fatalf("quotas without a quota file: %d %s", st, raw)
+	}
+	p.show("quotas", "Quotas")
+	p.run("see no quotas", chromedp.WaitVisible(`//main//p[starts-with(text(),"No quotas are in force")]`))
+	// Refresh reads them again: a reload shows without a lease event.
+	setQuotas(t, br, e2eQuotas)
+	p.run("refresh", chromedp.Click(`//main//button[text()="Refresh"]`),
+		chromedp.WaitVisible(`//main//caption[text()="Occupancy of consoles"]`))
 	p.noProblems()
 }
 

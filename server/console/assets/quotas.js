@@ -1,7 +1,8 @@
 // Quotas: each quota as merged with its tenant overrides, its occupancy per
 // level and scope, and its holders (lease views, never tokens). The page
 // reads GET /api/v1/admin/quotas when the view opens and again on every
-// tick of the overview's event stream, which comes after every lease event.
+// tick of the overview's event stream, which comes after every lease event;
+// a reload of the quota file shows at the next one, or with Refresh.
 import { h, labels, table } from './dom.js';
 import { call } from './api.js';
 import { fail, remaining, render as redraw } from './app.js';
@@ -97,5 +98,6 @@ export function render(r) {
     ];
   }
   return h('section', { 'aria-labelledby': 'quotas-title' }, head,
-    h('p', { class: 'muted' }, 'Concurrent leases per quota, level and scope. Updated with every lease event.'), body);
+    h('p', { class: 'muted' }, 'Concurrent leases per quota, level and scope. Updated with every lease event. ',
+      h('button', { type: 'button', 'data-key': 'quotas-refresh', onclick: () => refresh() }, 'Refresh')), body);
 }
