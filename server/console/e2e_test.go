@@ -437,12 +437,7 @@ const (
 // title, a label, a name and its command's messages: the page shows it as
 // text, and nothing runs (no dialog, no script error, no CSP violation).
 func TestConsoleRendersClientTextAsText(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a browser; skipped with -short")
-	}
-	br := startBroker(t, server.Options{})
-	p := openBrowser(t, br.url, 1280, 800)
-	p.signIn(adminKey)
+	br, p := signedInConsole(t)
 	p.probe() // what runs in the page would be seen
 
 	c := dialRaw(t, br, br.clientKey(t, "usr_xss"), protocol.Hello{ClientID: "ext-xss", ClientType: protocol.ClientBrowser,
@@ -542,12 +537,7 @@ quotas:
 // by their labels and in their order. It then opens the Quotas page of a
 // broker without a quota file.
 func TestConsoleOverviewReplicaAndStates(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a browser; skipped with -short")
-	}
-	br := startBroker(t, server.Options{})
-	p := openBrowser(t, br.url, 1280, 800)
-	p.signIn(adminKey)
+	br, p := signedInConsole(t)
 	var got struct {
 		Heads, Row, Plain, Counts []string
 	}

@@ -389,6 +389,19 @@ func (p *page) signIn(key string) {
 	)
 }
 
+// signedInConsole starts a broker and a browser at 1280×800 signed in to
+// its console with the admin key. Skipped with -short.
+func signedInConsole(t *testing.T) (*broker, *page) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a browser; skipped with -short")
+	}
+	br := startBroker(t, server.Options{})
+	p := openBrowser(t, br.url, 1280, 800)
+	p.signIn(adminKey)
+	return br, p
+}
+
 // show navigates the console to a view and waits for its heading.
 func (p *page) show(hash, heading string) {
 	p.t.Helper()
