@@ -171,6 +171,27 @@ var frameCases = []frameCase{
 		required: []string{"request_id", "code"},
 		mistyped: map[string]any{"request_id": 1, "code": 1, "message": 1},
 	},
+	{
+		name:     "hold",
+		json:     `{"type":"hold","context_id":"tab-12","ttl_s":300}`,
+		want:     &Hold{ContextID: "tab-12", TTLSeconds: 300},
+		required: []string{"context_id"},
+		mistyped: map[string]any{"context_id": 1, "ttl_s": "300"},
+	},
+	{
+		name:     "unhold",
+		json:     `{"type":"unhold","context_id":"tab-12"}`,
+		want:     &Unhold{ContextID: "tab-12"},
+		required: []string{"context_id"},
+		mistyped: map[string]any{"context_id": 1},
+	},
+	{
+		name:     "hold_state",
+		json:     `{"type":"hold_state","context_id":"tab-12","state":"pending"}`,
+		want:     &HoldStateFrame{ContextID: "tab-12", State: HoldPending},
+		required: []string{"context_id", "state"},
+		mistyped: map[string]any{"context_id": 1, "state": 1},
+	},
 }
 
 // A context opened for a create_context carries its request_id.
@@ -218,8 +239,8 @@ func caseJSON(t *testing.T, name string) string {
 func TestFrameTypes(t *testing.T) {
 	t.Parallel()
 	fromClient := []Type{TypeHello, TypeState, TypeAck, TypeProgress, TypeEvent, TypeCapture,
-		TypeResult, TypeError, TypePing, TypeCreateFailed}
-	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext}
+		TypeResult, TypeError, TypePing, TypeCreateFailed, TypeHold, TypeUnhold}
+	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext, TypeHoldState}
 	for _, tc := range frameCases {
 		typ := tc.want.FrameType()
 		require.Equal(t, Type(tc.name), typ)

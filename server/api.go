@@ -195,6 +195,7 @@ var statusOf = map[string]int{
 	cheetah.CodePayloadTooLarge:    http.StatusRequestEntityTooLarge,
 	cheetah.CodeMethodNotAllowed:   http.StatusMethodNotAllowed,
 	cheetah.CodeLeaseLost:          http.StatusLocked,
+	cheetah.CodeHeld:               http.StatusLocked,
 	cheetah.CodeRateLimited:        http.StatusTooManyRequests,
 	cheetah.CodeStoreUnavailable:   http.StatusServiceUnavailable,
 	cheetah.CodeOverloaded:         http.StatusServiceUnavailable,

@@ -108,6 +108,9 @@ func (l *lease) view(token string) cheetah.Lease {
 		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
 	}
 	l.placement.describe(&v)
+	if h := w.hold; h != nil {
+		v.Held = h.info()
+	}
 	return v
 }
 
