@@ -227,6 +227,15 @@ func (g *guard) SendAndWait(ctx context.Context, l cheetah.Lease, cmd cheetah.Co
 	return g.Backend.SendAndWait(ctx, l, cmd, so)
 }
 
+// WatchLease passes Handle.Done's watch to the backend guarded, when it
+// can watch leases (the registry does).
+func (g *guard) WatchLease(l cheetah.Lease, lost func(cheetah.LostReason)) (stop func()) {
+	if lw, ok := g.Backend.(cheetah.LeaseWatcher); ok {
+		return lw.WatchLease(l, lost)
+	}
+	return func() {}
+}
+
 // Observe is the worker's subscription to the registry's events
 // (registry.Registry.Subscribe): when a command sent with a callback ends
 // and its terminal status is durable, so that its delivery is armed in
