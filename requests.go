@@ -22,6 +22,8 @@ type AcquireBody struct {
 	// DESIGN §10.
 	Create      *CreateBody `json:"create,omitempty"`
 	AffinityKey string      `json:"affinity_key,omitempty"`
+	// LeaseWebhook receives lease.lost (AcquireRequest.LeaseWebhook).
+	LeaseWebhook string `json:"lease_webhook,omitempty"`
 	TenantID    string      `json:"tenant_id,omitempty"`
 }
 

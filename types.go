@@ -172,6 +172,13 @@ type AcquireRequest struct {
 	// Create, when set, asks an eligible client to open a new context when
 	// no idle one matches (DESIGN §10).
 	Create *CreateSpec `json:"create,omitempty"`
+	// LeaseWebhook, an https URL, receives a signed Standard Webhooks
+	// lease.lost delivery when the lease ends other than by its holder's
+	// release (DESIGN §10). LeaseWebhookKeyID names the API key whose
+	// webhook secret signs it; empty is the broker's own secret (in
+	// process). The HTTP API fills it from the requesting key.
+	LeaseWebhook      string `json:"lease_webhook,omitempty"`
+	LeaseWebhookKeyID string `json:"-"`
 }
 
 // CreateSpec is an acquire's request to open a context on demand.

@@ -234,6 +234,21 @@ func (s *Server) acquire(c *gin.Context) {
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
 		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse,
 		TenantID: b.TenantID, AffinityKey: b.AffinityKey}
+	if b.LeaseWebhook != "" {
+		// Delivered when the lease is lost, signed with the requesting
+		// key's webhook secret, as result deliveries are.
+		hooks := s.cfg.Webhooks
+		if hooks == nil {
+			s.fail(c, cheetah.Invalidf("lease_webhook: webhook delivery is not enabled on this broker"))
+			return
+		}
+		key, _ := c.Get(keyCtx)
+		req.LeaseWebhook, req.LeaseWebhookKeyID = b.LeaseWebhook, key.(auth.Key).ID
+		if err := hooks.CheckLeaseWebhook(c.Request.Context(), req); err != nil {
+			s.fail(c, err)
+			return
+		}
+	}
 	// A tenant-bound app key acts for its tenant alone (DESIGN §10).
 	if key, _ := c.Get(keyCtx); key.(auth.Key).TenantID != "" {
 		bound := key.(auth.Key).TenantID

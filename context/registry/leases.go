@@ -36,6 +36,9 @@ type lease struct {
 	stored        time.Time
 	durable, gone chan error
 	placement
+	// webhook and webhookKey are the acquire's lease_webhook and the key
+	// that signs it: LeaseEnded carries them, for the lease.lost delivery.
+	webhook, webhookKey string
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
@@ -362,6 +365,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	}
 	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
 	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
+	l.webhook, l.webhookKey = req.LeaseWebhook, req.LeaseWebhookKeyID
 	w.lease = l
 	w.affinityKey = req.AffinityKey
 	r.charge(l)
@@ -392,6 +396,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	now := r.clock.Now()
 	ev := leaseEvent(LeaseEnded, l)
 	ev.Reason, ev.At = reason, now
+	ev.LeaseWebhook, ev.LeaseWebhookKeyID = l.webhook, l.webhookKey
 	r.emit(ev)
 	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
