@@ -24,7 +24,7 @@ type AcquireBody struct {
 	AffinityKey string      `json:"affinity_key,omitempty"`
 	// LeaseWebhook receives lease.lost (AcquireRequest.LeaseWebhook).
 	LeaseWebhook string `json:"lease_webhook,omitempty"`
-	TenantID    string      `json:"tenant_id,omitempty"`
+	TenantID     string `json:"tenant_id,omitempty"`
 }
 
 // CreateBody is the create member of an acquire body.
