@@ -28,18 +28,18 @@ type agentCmd struct {
 }
 
 type agentRunCmd struct {
-	ControlSocket string `name:"control-socket" help:"The unix socket (mode 0600) that cheetah agent hold and unhold reach; default: $XDG_RUNTIME_DIR/cheetah/agent-<client id>.sock, or <tmp>/cheetah-<uid>/agent-<client id>.sock; off: none."`
-	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
-	CAFile    string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
-	Key       string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
-	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
-	Name      string            `help:"A name shown to operators; default: the hostname."`
-	Flows     int               `default:"1" help:"How many console flows (contexts) to offer."`
-	MaxFlows  int               `name:"max-flows" default:"0" help:"How many flows the agent may hold in all: it opens more, up to this, when the broker asks (acquire with create); 0 is --flows."`
-	Allow     []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
-	Labels    map[string]string `help:"Labels for placement, as key=value;…"`
-	LogLevel  string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
-	LogFormat string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
+	ControlSocket string            `name:"control-socket" help:"The unix socket (mode 0600) that cheetah agent hold and unhold reach; default: $XDG_RUNTIME_DIR/cheetah/agent-<client id>.sock, or <tmp>/cheetah-<uid>/agent-<client id>.sock; off: none."`
+	URL           string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
+	CAFile        string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
+	Key           string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
+	ClientID      string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
+	Name          string            `help:"A name shown to operators; default: the hostname."`
+	Flows         int               `default:"1" help:"How many console flows (contexts) to offer."`
+	MaxFlows      int               `name:"max-flows" default:"0" help:"How many flows the agent may hold in all: it opens more, up to this, when the broker asks (acquire with create); 0 is --flows."`
+	Allow         []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
+	Labels        map[string]string `help:"Labels for placement, as key=value;…"`
+	LogLevel      string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	LogFormat     string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 }
 
 func (c *agentRunCmd) Run() error {
