@@ -91,6 +91,14 @@ func TestSDK(t *testing.T) {
 					}
 					return n
 				},
+				// Each replica counts the slots of its own leases.
+				SetQuotas: func(t *testing.T, doc string) {
+					qs, err := quota.Parse([]byte(doc))
+					require.NoError(t, err)
+					for _, r := range rs {
+						r.Broker.Registry.SetQuotas(qs)
+					}
+				},
 				Skip: clusterKnown,
 			}
 		})
