@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Holds, contextOf, holdBadge, holdLabel, tabOf } from '../src/lib/holds.js';
+import { Holds, holdBadge, holdLabel } from '../src/lib/holds.js';
 
 test('a hold goes asked, pending, active, ended', () => {
   const h = new Holds();
@@ -28,11 +28,4 @@ test('the timer is clamped, and a second take keeps the state', () => {
   h.take(1, 2);
   assert.equal(h.get(1).state, 'active');
   assert.deepEqual(h.clear(), [1]);
-});
-
-test('context ids map to tabs', () => {
-  assert.equal(contextOf(12), 'tab-12');
-  assert.equal(tabOf('tab-12'), 12);
-  assert.equal(tabOf('flow-1'), null);
-  assert.equal(tabOf(undefined), null);
 });

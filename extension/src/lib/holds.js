@@ -4,6 +4,9 @@
 // lets observations through. Pure, so it is tested in Node; background.js
 // wires it to Chrome and the connection.
 
+import { ByTab } from './marks.js';
+import { contextIdForTab, tabIdForContext } from './protocol.js';
+
 /** The popup's timer: how long a hold lasts unless given back (ttl_s). */
 export const DEFAULT_HOLD_MINUTES = 5;
 export const MAX_HOLD_MINUTES = 60;
@@ -11,21 +14,8 @@ export const MAX_HOLD_MINUTES = 60;
 export const HELD_TEXT = 'YOU';
 export const HELD_COLOR = '#2471a3';
 
-/** contextOf is the context id the extension reports for a tab. */
-export const contextOf = (tabId) => `tab-${tabId}`;
-
-/** tabOf is the tab of a context id the extension reported, or null. */
-export function tabOf(contextId) {
-  const m = /^tab-(\d+)$/.exec(String(contextId ?? ''));
-  return m ? Number(m[1]) : null;
-}
-
-/** Holds tracks the holds this extension asked for, by tab. */
-export class Holds {
-  constructor() {
-    this.byTab = new Map(); // tabId → {state, until}
-  }
-
+/** Holds tracks the holds this extension asked for: tabId → {state, until}. */
+export class Holds extends ByTab {
   /**
    * take returns the hold frame for tabId, for minutes (clamped to 1 to
    * MAX_HOLD_MINUTES), and marks the tab as asked for until the broker
@@ -34,17 +24,17 @@ export class Holds {
   take(tabId, minutes = DEFAULT_HOLD_MINUTES, now = Date.now()) {
     const m = Math.min(MAX_HOLD_MINUTES, Math.max(1, Math.round(Number(minutes) || DEFAULT_HOLD_MINUTES)));
     this.byTab.set(tabId, { state: this.byTab.get(tabId)?.state ?? 'asked', until: now + m * 60000 });
-    return { type: 'hold', context_id: contextOf(tabId), ttl_s: m * 60 };
+    return { type: 'hold', context_id: contextIdForTab(tabId), ttl_s: m * 60 };
   }
 
   /** give returns the unhold frame for tabId. */
   give(tabId) {
-    return { type: 'unhold', context_id: contextOf(tabId) };
+    return { type: 'unhold', context_id: contextIdForTab(tabId) };
   }
 
   /** apply takes a hold_state frame and returns the tab it is about, or null. */
   apply(f) {
-    const tabId = tabOf(f.context_id);
+    const tabId = tabIdForContext(f.context_id);
     if (tabId === null) return null;
     if (f.state === 'ended') {
       if (!this.byTab.delete(tabId)) return null;
@@ -55,21 +45,6 @@ export class Holds {
     return tabId;
   }
 
-  get(tabId) {
-    return this.byTab.get(tabId) ?? null;
-  }
-
-  /** forget drops a tab's hold (the tab closed); it reports whether it had one. */
-  forget(tabId) {
-    return this.byTab.delete(tabId);
-  }
-
-  /** clear drops every hold (they end with the connection) and returns their tabs. */
-  clear() {
-    const ids = [...this.byTab.keys()];
-    this.byTab.clear();
-    return ids;
-  }
 }
 
 /** holdBadge is the badge of a held tab: who drives it now. */
