@@ -299,3 +299,24 @@ func TestStructTagsMatchEncoding(t *testing.T) {
 		})
 	}
 }
+
+// A hold's ttl_s is 0 (the default) to MaxHoldTTL seconds; hold_state is
+// pending, active or ended.
+func TestHoldBounds(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{`{"type":"hold","context_id":"c"}`, `{"type":"hold","context_id":"c","ttl_s":3600}`} {
+		_, err := Decode([]byte(ok))
+		require.NoError(t, err, ok)
+	}
+	for _, bad := range []string{
+		`{"type":"hold","context_id":"c","ttl_s":3601}`,
+		`{"type":"hold","context_id":"c","ttl_s":-1}`,
+		`{"type":"hold","context_id":""}`,
+		`{"type":"hold_state","context_id":"c","state":"held"}`,
+	} {
+		_, err := Decode([]byte(bad))
+		require.Error(t, err, bad)
+	}
+	_, err := Encode(&Hold{ContextID: "c", TTLSeconds: MaxHoldTTL + 1})
+	require.Error(t, err, "encode checks as decode does")
+}

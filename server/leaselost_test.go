@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -32,6 +33,11 @@ func TestLeaseLostWebhook(t *testing.T) {
 	lost := func() webhook.LeaseLost {
 		d := nextDelivery(t, got)
 		verifySignature(t, b.appSecret, d)
+		// And as the Standard Webhooks reference library verifies it,
+		// timestamp tolerance included.
+		wh, err := standardwebhooks.NewWebhook(b.appSecret)
+		require.NoError(t, err)
+		require.NoError(t, wh.Verify(d.body, d.header))
 		var ll webhook.LeaseLost
 		require.NoError(t, json.Unmarshal(d.body, &ll))
 		require.Equal(t, "lease.lost", ll.Type)
