@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -412,20 +413,35 @@ func TestHoldStress(t *testing.T) {
 			}
 		}()
 	}
-	wg.Add(1)
+	// The person holds and gives back for as long as the senders send.
+	sendersDone := make(chan struct{})
+	holderDone := make(chan struct{})
+	var cycles int
 	go func() {
-		defer wg.Done()
-		for range 30 {
+		defer close(holderDone)
+		for {
+			select {
+			case <-sendersDone:
+				if cycles >= 30 {
+					return
+				}
+			default:
+			}
 			e.reg.Hold(c.att, "w1", 0)
+			runtime.Gosched()
 			e.reg.Unhold(c.att, "w1")
+			cycles++
 		}
 	}()
 	wg.Wait()
+	close(sendersDone)
+	<-holderDone
 	require.Eventually(t, func() bool { return e.reg.Stats().Commands == 0 }, 10*time.Second, time.Millisecond)
 	close(stop)
 	clientWG.Wait()
 	require.Zero(t, violations.Load())
 	require.Positive(t, sent.Load())
+	require.Positive(t, refused.Load(), "the holds overlapped the sends")
 	_, err := e.reg.Release(context.Background(), l)
 	require.NoError(t, err)
 	e.reg.Disconnect(c.att)
