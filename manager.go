@@ -195,6 +195,7 @@ type Handle struct {
 	done      chan struct{}
 	err       error
 	stop      func()
+	closed    bool // Close was called: no watch starts any more
 }
 
 // LeaseWatcher is implemented by a backend that can tell a holder at once
@@ -217,13 +218,22 @@ func (h *Handle) Done() <-chan struct{} {
 	h.watchOnce.Do(func() {
 		h.done = make(chan struct{})
 		w, ok := h.b.(LeaseWatcher)
-		if !ok {
+		h.mu.Lock()
+		closed := h.closed
+		h.mu.Unlock()
+		if !ok || closed {
 			return
 		}
 		stop := w.WatchLease(h.Lease(), h.lost)
 		h.mu.Lock()
-		h.stop = stop
+		closed = h.closed
+		if !closed {
+			h.stop = stop
+		}
 		h.mu.Unlock()
+		if closed {
+			stop() // Close came first
+		}
 	})
 	return h.done
 }
@@ -247,12 +257,13 @@ func (h *Handle) lost(reason LostReason) {
 	close(h.done)
 }
 
-// Close stops watching the lease (see Done) without releasing it. Release
-// through the Manager does it too.
+// Close stops watching the lease (see Done) without releasing it: Done
+// then closes only if it already did. Release through the Manager does it
+// too.
 func (h *Handle) Close() {
 	h.mu.Lock()
 	stop := h.stop
-	h.stop = nil
+	h.stop, h.closed = nil, true
 	h.mu.Unlock()
 	if stop != nil {
 		stop()

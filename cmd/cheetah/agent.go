@@ -19,16 +19,12 @@ import (
 // variable (adminKeyEnv): an admin key exported for them is no client key.
 const clientKeyEnv = "CHEETAH_CLIENT_KEY"
 
-// agentCmd runs the agent (the default) or reaches a running one through
-// its control socket (hold, unhold).
+// agentCmd runs the agent, or, given hold or unhold and a context, reaches
+// the running agent of --client-id through its control socket.
 type agentCmd struct {
-	Run    agentRunCmd    `cmd:"" default:"withargs" help:"Run a console agent (the default: cheetah agent [flags])."`
-	Hold   agentHoldCmd   `cmd:"" help:"Take control of one of a running agent's flows: applications' mutations on it are refused held until unhold or the TTL."`
-	Unhold agentUnholdCmd `cmd:"" help:"Give a held flow back to applications."`
-}
-
-type agentRunCmd struct {
-	ControlSocket string            `name:"control-socket" help:"The unix socket (mode 0600) that cheetah agent hold and unhold reach; default: $XDG_RUNTIME_DIR/cheetah/agent-<client id>.sock, or <tmp>/cheetah-<uid>/agent-<client id>.sock; off: none."`
+	Control       []string          `arg:"" optional:"" name:"hold|unhold context" help:"hold <context> or unhold <context>: take control of one of the running agent's flows (applications' mutations on it are refused held) or give it back, through its control socket, instead of running an agent."`
+	TTL           int64             `name:"ttl" default:"300" help:"With hold: seconds until the hold ends by itself (1 to 3600)."`
+	ControlSocket string            `name:"control-socket" help:"The unix socket (mode 0600) that agent hold and unhold reach; default: $XDG_RUNTIME_DIR/cheetah/agent-<client id>.sock, or <tmp>/cheetah-<uid>/agent-<client id>.sock; off: none."`
 	URL           string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
 	CAFile        string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
 	Key           string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
@@ -42,7 +38,10 @@ type agentRunCmd struct {
 	LogFormat     string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 }
 
-func (c *agentRunCmd) Run() error {
+func (c *agentCmd) Run() error {
+	if len(c.Control) > 0 {
+		return c.control()
+	}
 	log, err := newLog(c.LogLevel, c.LogFormat, c.Key)
 	if err != nil {
 		return err
@@ -99,10 +98,7 @@ func (c *agentRunCmd) Run() error {
 	a.Handle("exec", agent.Exec(c.Allow))
 	log.Info("agent starting", "url", c.URL, "client_id", c.ClientID, "flows", c.Flows, "allow", c.Allow)
 	if c.ControlSocket != "off" {
-		path := c.ControlSocket
-		if path == "" {
-			path = agent.DefaultControlSocket(c.ClientID)
-		}
+		path := c.controlSocket()
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {
@@ -117,25 +113,34 @@ func (c *agentRunCmd) Run() error {
 	return a.Run(ctx)
 }
 
-// agentControl is what hold and unhold share: which agent to reach.
-type agentControl struct {
-	ClientID      string `name:"client-id" help:"The running agent's client id; default: console-<hostname>."`
-	ControlSocket string `name:"control-socket" help:"The agent's control socket; default: the one the agent with --client-id uses."`
+// controlSocket is where the agent of c.ClientID listens.
+func (c *agentCmd) controlSocket() string {
+	if c.ControlSocket != "" {
+		return c.ControlSocket
+	}
+	id := c.ClientID
+	if id == "" {
+		host, _ := os.Hostname()
+		id = "console-" + host
+	}
+	return agent.DefaultControlSocket(id)
 }
 
-func (c *agentControl) call(req agent.ControlRequest) error {
-	path := c.ControlSocket
-	if path == "" {
-		id := c.ClientID
-		if id == "" {
-			host, _ := os.Hostname()
-			id = "console-" + host
+// control runs `cheetah agent hold <context>` or `unhold <context>`.
+func (c *agentCmd) control() error {
+	if len(c.Control) != 2 || (c.Control[0] != "hold" && c.Control[0] != "unhold") {
+		return usageErr("cheetah agent takes hold <context> or unhold <context>, or no argument to run the agent")
+	}
+	req := agent.ControlRequest{Op: c.Control[0], ContextID: c.Control[1]}
+	if req.Op == "hold" {
+		if c.TTL < 1 || c.TTL > protocol.MaxHoldTTL {
+			return usageErr("--ttl must be from 1 to 3600")
 		}
-		path = agent.DefaultControlSocket(id)
+		req.TTLSeconds = c.TTL
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ans, err := agent.Control(ctx, path, req)
+	ans, err := agent.Control(ctx, c.controlSocket(), req)
 	if err != nil {
 		return exitErr(exitUnavailable, err)
 	}
@@ -147,28 +152,6 @@ func (c *agentControl) call(req agent.ControlRequest) error {
 		return fmt.Errorf("hold %s: the broker knows no such context of this agent", req.ContextID)
 	}
 	return nil
-}
-
-type agentHoldCmd struct {
-	agentControl
-	Context string `arg:"" help:"The flow to take control of, such as flow-1."`
-	TTL     int64  `name:"ttl" default:"300" help:"Seconds until the hold ends by itself (1 to 3600)."`
-}
-
-func (c *agentHoldCmd) Run() error {
-	if c.TTL < 1 || c.TTL > protocol.MaxHoldTTL {
-		return usageErr("--ttl must be from 1 to 3600")
-	}
-	return c.call(agent.ControlRequest{Op: "hold", ContextID: c.Context, TTLSeconds: c.TTL})
-}
-
-type agentUnholdCmd struct {
-	agentControl
-	Context string `arg:"" help:"The held flow to give back."`
-}
-
-func (c *agentUnholdCmd) Run() error {
-	return c.call(agent.ControlRequest{Op: "unhold", ContextID: c.Context})
 }
 
 // caConfig returns a TLS configuration that trusts the system's roots and

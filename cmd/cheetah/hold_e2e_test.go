@@ -48,7 +48,7 @@ func TestAgentHold(t *testing.T) {
 	require.Equal(t, 201, a.call("POST", "/api/v1/acquire", app.Key, map[string]any{"user_id": "usr_e2e", "task_id": "held", "client_type": "console"}, &acq))
 	lease := []string{"X-Lease", acq.Lease.LeaseToken}
 
-	out, code := cli(t, env, "agent", "hold", "--client-id", "hold-agent", "flow-1")
+	out, code := cli(t, env, "agent", "hold", "flow-1", "--client-id", "hold-agent")
 	require.Zero(t, code)
 	require.Equal(t, "flow-1 active\n", out)
 
@@ -58,13 +58,16 @@ func TestAgentHold(t *testing.T) {
 	require.Equal(t, 200, a.call("POST", "/api/v1/commands/wait", app.Key, map[string]any{"name": "echo"}, &waited, lease...))
 	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
 
-	out, code = cli(t, env, "agent", "unhold", "--client-id", "hold-agent", "flow-1")
+	out, code = cli(t, env, "agent", "unhold", "flow-1", "--client-id", "hold-agent")
 	require.Zero(t, code)
 	require.Equal(t, "flow-1 ended\n", out)
 	require.Equal(t, 200, a.call("POST", "/api/v1/commands/wait", app.Key, map[string]any{"name": "exec", "params": map[string]any{"argv": []string{"true"}}}, &waited, lease...))
 	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
 
+	// Anything but hold or unhold and a context is a usage error.
+	_, code = cli(t, env, "agent", "steal", "flow-1")
+	require.Equal(t, 2, code)
 	// No agent there: a clear error.
-	_, code = cli(t, env, "agent", "hold", "--client-id", "nobody", "flow-1")
+	_, code = cli(t, env, "agent", "hold", "flow-1", "--client-id", "nobody")
 	require.NotZero(t, code)
 }
