@@ -13,10 +13,12 @@ var _ cheetah.LeaseWatcher = (*backend)(nil)
 
 // watchPoll is how long one long poll of /api/v1/lease/wait lasts, and
 // watchRetry how long the watch waits after a failed one (the broker was
-// unreachable, or answered something else than the lease's fate).
+// unreachable, or answered something else than the lease's fate), doubling
+// up to watchMaxRetry while they keep failing.
 const (
-	watchPoll  = 20 * time.Second
-	watchRetry = 250 * time.Millisecond
+	watchPoll     = 20 * time.Second
+	watchRetry    = 250 * time.Millisecond
+	watchMaxRetry = 5 * time.Second
 )
 
 // WatchLease implements cheetah.LeaseWatcher over the broker's long poll:
@@ -35,6 +37,7 @@ func (b *backend) WatchLease(lease cheetah.Lease, lost func(cheetah.LostReason))
 			return
 		}
 		ms := watchPoll.Milliseconds()
+		retry := watchRetry
 		for ctx.Err() == nil {
 			var out cheetah.LeaseWaitAnswer
 			err := b.c.Do(ctx, "POST", "/api/v1/lease/wait", cheetah.LeaseWaitBody{TimeoutMS: &ms}, &out, "X-Lease", lease.LeaseToken)
@@ -45,12 +48,19 @@ func (b *backend) WatchLease(lease cheetah.Lease, lost func(cheetah.LostReason))
 				}
 				return
 			}
-			if err != nil {
-				select {
-				case <-ctx.Done():
-				case <-time.After(watchRetry):
-				}
+			if err == nil {
+				retry = watchRetry
+				continue
 			}
+			// The broker did not answer, or refused the poll (a revoked
+			// key): ask again, less and less often.
+			t := time.NewTimer(retry)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			retry = min(2*retry, watchMaxRetry)
 		}
 	}()
 	return func() {
