@@ -3,6 +3,7 @@ package cheetah
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error codes of the HTTP API. The same codes classify SDK errors, so an
@@ -24,6 +25,9 @@ const (
 	// CodeMethodNotAllowed answers a known path asked with a method it
 	// does not serve (405, with an Allow header).
 	CodeMethodNotAllowed = "method_not_allowed"
+	// CodeHeld refuses a mutation on a context a person holds (HTTP 423,
+	// details {state, since}; DESIGN §10, human control).
+	CodeHeld = "held"
 )
 
 // Error is an API error with a code from the design's table. Sentinel values
@@ -60,7 +64,36 @@ var (
 	ErrStoreUnavailable   = &Error{Code: CodeStoreUnavailable}
 	ErrOverloaded         = &Error{Code: CodeOverloaded}
 	ErrQuotaUnavailable   = &Error{Code: CodeQuotaUnavailable}
+	// ErrHeld also matches *HeldError.
+	ErrHeld = &Error{Code: CodeHeld}
 )
+
+// Hold states, in HoldInfo.State: pending while the context's admitted
+// mutations drain, active once they ended.
+const (
+	HoldPending = "pending"
+	HoldActive  = "active"
+)
+
+// HoldInfo is a person's hold on a context, as the lease views and the
+// held error show it: its state and since when it is in that state.
+type HoldInfo struct {
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+}
+
+// HeldError refuses a mutation sent while a person holds the context.
+// Nothing was dispatched; observations still pass.
+type HeldError struct {
+	Hold HoldInfo
+}
+
+func (e *HeldError) Error() string {
+	return CodeHeld + ": the context is held by a person (" + e.Hold.State + ")"
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Is(target error) bool { return isCode(target, CodeHeld) }
 
 // Invalidf returns an invalid_request error with a message saying what is wrong.
 func Invalidf(format string, args ...any) error {
@@ -111,6 +144,10 @@ type QuotaFull struct {
 
 // Details returns the envelope's details of err: a full quota's, or nil.
 func Details(err error) map[string]any {
+	var he *HeldError
+	if errors.As(err, &he) {
+		return map[string]any{"state": he.Hold.State, "since": he.Hold.Since.UTC().Format(time.RFC3339Nano)}
+	}
 	var nc *NoContextError
 	if errors.As(err, &nc) && nc.Quota != nil {
 		q := nc.Quota
@@ -164,9 +201,12 @@ func Classify(err error) (code, reason, message string) {
 	var (
 		nc *NoContextError
 		ll *LeaseLostError
+		he *HeldError
 		e  *Error
 	)
 	switch {
+	case errors.As(err, &he):
+		return CodeHeld, "", he.Error()
 	case errors.As(err, &nc):
 		return CodeNoContextAvailable, string(nc.Reason), nc.Error()
 	case errors.As(err, &ll):
@@ -210,6 +250,12 @@ func (e Envelope) Err() error {
 		num := func(k string) int { v, _ := d[k].(float64); return int(v) }
 		nc.Quota = &QuotaFull{Quota: str("quota"), Level: str("level"), Used: num("used"), Cap: num("cap")}
 	}
+	if he, ok := err.(*HeldError); ok && e.Error.Details != nil {
+		he.Hold.State, _ = e.Error.Details["state"].(string)
+		if s, ok := e.Error.Details["since"].(string); ok {
+			he.Hold.Since, _ = time.Parse(time.RFC3339Nano, s)
+		}
+	}
 	return err
 }
 
@@ -221,6 +267,8 @@ func FromCode(code, reason, message string) error {
 		return &NoContextError{Reason: NoContextReason(reason)}
 	case CodeLeaseLost:
 		return &LeaseLostError{Reason: LostReason(reason)}
+	case CodeHeld:
+		return &HeldError{}
 	}
 	return &Error{Code: code, Message: message}
 }

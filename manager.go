@@ -110,6 +110,11 @@ func (m *Manager) Release(ctx context.Context, h *Handle) (bool, error) {
 	ctx, span := start(ctx, m.tracer, "cheetah.Release", func() []attribute.KeyValue { return leaseAttrs(l) })
 	ok, err := m.b.Release(ctx, l)
 	finish(span, err)
+	if err == nil && ok {
+		h.watchOnce.Do(func() { h.done = make(chan struct{}) })
+		h.lost(LostReleased)
+		h.Close()
+	}
 	return ok, err
 }
 
@@ -184,6 +189,85 @@ type Handle struct {
 	tracer trace.Tracer
 	mu     sync.Mutex
 	lease  Lease
+	// The lease-loss notice (Done, Err): done closes once, with err set,
+	// when the lease ends; stop ends the backend's watch.
+	watchOnce sync.Once
+	done      chan struct{}
+	err       error
+	stop      func()
+	closed    bool // Close was called: no watch starts any more
+}
+
+// LeaseWatcher is implemented by a backend that can tell a holder at once
+// that its lease ended (DESIGN §10, "Knowing a lease ended"): the registry
+// in process, from its event stream; the remote backend, from the broker's
+// long poll (POST /api/v1/lease/wait).
+type LeaseWatcher interface {
+	// WatchLease calls lost, once, with the reason lease ended, as soon as
+	// the backend learns it (at once when it already ended). stop ends the
+	// watch; lost is not called after stop returned.
+	WatchLease(lease Lease, lost func(LostReason)) (stop func())
+}
+
+// Done returns a channel closed when the handle's lease ends, however it
+// ends: expired, revoked, context_gone (a closed tab, a client whose
+// reconnect grace ran out), or released (through this handle or another).
+// Err then says why. Over a backend that cannot watch leases, the channel
+// never closes.
+func (h *Handle) Done() <-chan struct{} {
+	h.watchOnce.Do(func() {
+		h.done = make(chan struct{})
+		w, ok := h.b.(LeaseWatcher)
+		h.mu.Lock()
+		closed := h.closed
+		h.mu.Unlock()
+		if !ok || closed {
+			return
+		}
+		stop := w.WatchLease(h.Lease(), h.lost)
+		h.mu.Lock()
+		closed = h.closed
+		if !closed {
+			h.stop = stop
+		}
+		h.mu.Unlock()
+		if closed {
+			stop() // Close came first
+		}
+	})
+	return h.done
+}
+
+// Err returns nil while Done is open, and then a *LeaseLostError whose
+// Reason says how the lease ended.
+func (h *Handle) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// lost closes Done with reason, once.
+func (h *Handle) lost(reason LostReason) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return
+	}
+	h.err = &LeaseLostError{Reason: reason}
+	close(h.done)
+}
+
+// Close stops watching the lease (see Done) without releasing it: Done
+// then closes only if it already did. Release through the Manager does it
+// too.
+func (h *Handle) Close() {
+	h.mu.Lock()
+	stop := h.stop
+	h.stop, h.closed = nil, true
+	h.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // Lease returns the handle's lease as last known, token included. ExpiresAt

@@ -1,6 +1,9 @@
 package cheetah
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // The HTTP API's request bodies (DESIGN §5), declared once: the server
 // decodes them and the remote SDK encodes them. Optional members are
@@ -19,7 +22,9 @@ type AcquireBody struct {
 	// DESIGN §10.
 	Create      *CreateBody `json:"create,omitempty"`
 	AffinityKey string      `json:"affinity_key,omitempty"`
-	TenantID    string      `json:"tenant_id,omitempty"`
+	// LeaseWebhook receives lease.lost (AcquireRequest.LeaseWebhook).
+	LeaseWebhook string `json:"lease_webhook,omitempty"`
+	TenantID     string `json:"tenant_id,omitempty"`
 }
 
 // CreateBody is the create member of an acquire body.
@@ -42,6 +47,26 @@ type CommandBody struct {
 type RenewBody struct {
 	TTLS *int64 `json:"ttl_s,omitempty"`
 }
+
+// LeaseWaitBody is the body of POST /api/v1/lease/wait: how long the
+// broker may hold the request while the lease lives (DefaultLeaseWait when
+// absent, at most MaxLeaseWait).
+type LeaseWaitBody struct {
+	TimeoutMS *int64 `json:"timeout_ms,omitempty"`
+}
+
+// LeaseWaitAnswer is the 200 answer of POST /api/v1/lease/wait: the lease
+// was alive all along. A lease that ended is answered 423 lease_lost with
+// the reason.
+type LeaseWaitAnswer struct {
+	Alive bool `json:"alive"`
+}
+
+// Bounds of the long poll of POST /api/v1/lease/wait.
+const (
+	DefaultLeaseWait = 25 * time.Second
+	MaxLeaseWait     = 60 * time.Second
+)
 
 // ReleaseAllBody is the body of POST /api/v1/lease/release-all.
 type ReleaseAllBody struct {

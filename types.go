@@ -112,6 +112,9 @@ type Lease struct {
 	AffinityHit *bool `json:"affinity_hit,omitempty"`
 	// Created is true when the context was opened for this acquire.
 	Created bool `json:"created,omitempty"`
+	// Held is set while a person holds the context (DESIGN §10): the
+	// lease does not expire meanwhile, and mutations fail held.
+	Held *HoldInfo `json:"held,omitempty"`
 }
 
 // ContextSnapshot describes one context as the registry sees it now.
@@ -128,6 +131,8 @@ type ContextSnapshot struct {
 	// State is one of "idle", "leased", "not_live" or "human".
 	State     string     `json:"state"`
 	IdleSince *time.Time `json:"idle_since,omitempty"`
+	// Held is set while a person holds the context.
+	Held *HoldInfo `json:"held,omitempty"`
 }
 
 // Context states reported in a ContextSnapshot.
@@ -167,6 +172,13 @@ type AcquireRequest struct {
 	// Create, when set, asks an eligible client to open a new context when
 	// no idle one matches (DESIGN §10).
 	Create *CreateSpec `json:"create,omitempty"`
+	// LeaseWebhook, an https URL, receives a signed Standard Webhooks
+	// lease.lost delivery when the lease ends other than by its holder's
+	// release (DESIGN §10). LeaseWebhookKeyID names the API key whose
+	// webhook secret signs it; empty is the broker's own secret (in
+	// process). The HTTP API fills it from the requesting key.
+	LeaseWebhook      string `json:"lease_webhook,omitempty"`
+	LeaseWebhookKeyID string `json:"-"`
 }
 
 // CreateSpec is an acquire's request to open a context on demand.

@@ -121,6 +121,8 @@ type Agent struct {
 	sess *session        // the welcomed connection, nil while disconnected
 	up   chan struct{}   // closed while sess is set; see Connected
 	jobs map[string]*job // commands queued or running, by command id
+
+	holds holdWaiters // Hold and Unhold calls waiting for hold_state (hold.go)
 }
 
 // New returns an agent for cfg, with the defaults of Config applied. It

@@ -204,6 +204,8 @@ func (s *session) readLoop(ctx context.Context, a *Agent) error {
 			a.onCancel(f)
 		case *protocol.CreateContext:
 			a.onCreate(s, f)
+		case *protocol.HoldStateFrame:
+			a.onHoldState(s, f)
 		case *protocol.Assignment:
 			s.log.Debug("agent: assignment", "context_id", f.ContextID, "task_id", f.TaskID,
 				"epoch", f.Epoch, "state", f.State)

@@ -199,6 +199,12 @@ func decodeSlow(b []byte) (Frame, error) {
 			Code:      ErrorCode(top.str("code", true)),
 			Message:   top.str("message", false),
 		}
+	case TypeHold:
+		f = &Hold{ContextID: top.str("context_id", true), TTLSeconds: top.int("ttl_s", false, 64)}
+	case TypeUnhold:
+		f = &Unhold{ContextID: top.str("context_id", true)}
+	case TypeHoldState:
+		f = &HoldStateFrame{ContextID: top.str("context_id", true), State: HoldState(top.str("state", true))}
 	default:
 		return nil, &UnknownTypeError{Type: string(typ)}
 	}

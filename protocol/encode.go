@@ -342,6 +342,20 @@ func (f *CreateFailed) encode(w *writer) {
 	w.message(f.Message)
 }
 
+func (f *Hold) encode(w *writer) {
+	w.str("context_id", f.ContextID)
+	if f.TTLSeconds != 0 {
+		w.int("ttl_s", f.TTLSeconds)
+	}
+}
+
+func (f *Unhold) encode(w *writer) { w.str("context_id", f.ContextID) }
+
+func (f *HoldStateFrame) encode(w *writer) {
+	w.str("context_id", f.ContextID)
+	w.str("state", string(f.State))
+}
+
 // MarshalJSON makes encoding/json (and anything built on it, such as a
 // WebSocket library's JSON helper) write the frame as Encode does, with its
 // type. Prefer Encode: encoding/json compacts opaque fields afterwards.
@@ -391,3 +405,12 @@ func (f CreateContext) MarshalJSON() ([]byte, error) { return Encode(&f) }
 
 // MarshalJSON is explained at Hello.MarshalJSON.
 func (f CreateFailed) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Hold) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f Unhold) MarshalJSON() ([]byte, error) { return Encode(&f) }
+
+// MarshalJSON is explained at Hello.MarshalJSON.
+func (f HoldStateFrame) MarshalJSON() ([]byte, error) { return Encode(&f) }

@@ -26,6 +26,10 @@ const (
 	// TypeCreateFailed answers a create_context the client could not
 	// carry out (DESIGN §10).
 	TypeCreateFailed Type = "create_failed"
+	// TypeHold and TypeUnhold: a person takes over a context and gives it
+	// back (DESIGN §10, human control).
+	TypeHold   Type = "hold"
+	TypeUnhold Type = "unhold"
 
 	// Broker to client.
 	TypeWelcome    Type = "welcome"
@@ -36,6 +40,8 @@ const (
 	// TypeCreateContext asks a client to open a new worker context
 	// (DESIGN §10).
 	TypeCreateContext Type = "create_context"
+	// TypeHoldState tells a client how its hold on a context stands.
+	TypeHoldState Type = "hold_state"
 
 	// Both directions.
 	TypeError Type = "error"
@@ -47,7 +53,7 @@ const (
 func (t Type) FromClient() bool {
 	switch t {
 	case TypeHello, TypeState, TypeAck, TypeProgress, TypeEvent, TypeCapture,
-		TypeResult, TypePing, TypeError, TypeCreateFailed:
+		TypeResult, TypePing, TypeError, TypeCreateFailed, TypeHold, TypeUnhold:
 		return true
 	}
 	return false
@@ -56,7 +62,7 @@ func (t Type) FromClient() bool {
 // FromBroker reports whether the broker sends frames of type t.
 func (t Type) FromBroker() bool {
 	switch t {
-	case TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext:
+	case TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext, TypeHoldState:
 		return true
 	}
 	return false
@@ -323,6 +329,54 @@ type CreateFailed struct {
 	Code      ErrorCode `json:"code"`
 	Message   string    `json:"message,omitempty"`
 }
+
+// HoldState is how a hold stands.
+type HoldState string
+
+// Hold states: pending while the context's admitted mutations drain,
+// active once they ended, ended when the hold is over.
+const (
+	HoldPending HoldState = "pending"
+	HoldActive  HoldState = "active"
+	HoldEnded   HoldState = "ended"
+)
+
+// Valid reports whether s is a hold state.
+func (s HoldState) Valid() bool { return s == HoldPending || s == HoldActive || s == HoldEnded }
+
+// Bounds of a hold's TTL, in seconds (ttl_s; 0 or absent is the default).
+const (
+	DefaultHoldTTL = 300
+	MaxHoldTTL     = 3600
+)
+
+// Hold asks the broker to stop new mutations on a context while a person
+// drives it, for TTLSeconds at most (DefaultHoldTTL when zero).
+type Hold struct {
+	ContextID  string `json:"context_id"`
+	TTLSeconds int64  `json:"ttl_s,omitempty"`
+}
+
+// Unhold gives a held context back.
+type Unhold struct {
+	ContextID string `json:"context_id"`
+}
+
+// HoldStateFrame answers hold and unhold, and tells of a hold's activation
+// and end.
+type HoldStateFrame struct {
+	ContextID string    `json:"context_id"`
+	State     HoldState `json:"state"`
+}
+
+// FrameType implements Frame.
+func (*Hold) FrameType() Type { return TypeHold }
+
+// FrameType implements Frame.
+func (*Unhold) FrameType() Type { return TypeUnhold }
+
+// FrameType implements Frame.
+func (*HoldStateFrame) FrameType() Type { return TypeHoldState }
 
 // FrameType implements Frame.
 func (*CreateContext) FrameType() Type { return TypeCreateContext }

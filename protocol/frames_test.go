@@ -171,6 +171,27 @@ var frameCases = []frameCase{
 		required: []string{"request_id", "code"},
 		mistyped: map[string]any{"request_id": 1, "code": 1, "message": 1},
 	},
+	{
+		name:     "hold",
+		json:     `{"type":"hold","context_id":"tab-12","ttl_s":300}`,
+		want:     &Hold{ContextID: "tab-12", TTLSeconds: 300},
+		required: []string{"context_id"},
+		mistyped: map[string]any{"context_id": 1, "ttl_s": "300"},
+	},
+	{
+		name:     "unhold",
+		json:     `{"type":"unhold","context_id":"tab-12"}`,
+		want:     &Unhold{ContextID: "tab-12"},
+		required: []string{"context_id"},
+		mistyped: map[string]any{"context_id": 1},
+	},
+	{
+		name:     "hold_state",
+		json:     `{"type":"hold_state","context_id":"tab-12","state":"pending"}`,
+		want:     &HoldStateFrame{ContextID: "tab-12", State: HoldPending},
+		required: []string{"context_id", "state"},
+		mistyped: map[string]any{"context_id": 1, "state": 1},
+	},
 }
 
 // A context opened for a create_context carries its request_id.
@@ -218,8 +239,8 @@ func caseJSON(t *testing.T, name string) string {
 func TestFrameTypes(t *testing.T) {
 	t.Parallel()
 	fromClient := []Type{TypeHello, TypeState, TypeAck, TypeProgress, TypeEvent, TypeCapture,
-		TypeResult, TypeError, TypePing, TypeCreateFailed}
-	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext}
+		TypeResult, TypeError, TypePing, TypeCreateFailed, TypeHold, TypeUnhold}
+	fromBroker := []Type{TypeWelcome, TypeCommand, TypeCancel, TypeAssignment, TypePong, TypeError, TypeCreateContext, TypeHoldState}
 	for _, tc := range frameCases {
 		typ := tc.want.FrameType()
 		require.Equal(t, Type(tc.name), typ)
@@ -277,4 +298,25 @@ func TestStructTagsMatchEncoding(t *testing.T) {
 			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// A hold's ttl_s is 0 (the default) to MaxHoldTTL seconds; hold_state is
+// pending, active or ended.
+func TestHoldBounds(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{`{"type":"hold","context_id":"c"}`, `{"type":"hold","context_id":"c","ttl_s":3600}`} {
+		_, err := Decode([]byte(ok))
+		require.NoError(t, err, ok)
+	}
+	for _, bad := range []string{
+		`{"type":"hold","context_id":"c","ttl_s":3601}`,
+		`{"type":"hold","context_id":"c","ttl_s":-1}`,
+		`{"type":"hold","context_id":""}`,
+		`{"type":"hold_state","context_id":"c","state":"held"}`,
+	} {
+		_, err := Decode([]byte(bad))
+		require.Error(t, err, bad)
+	}
+	_, err := Encode(&Hold{ContextID: "c", TTLSeconds: MaxHoldTTL + 1})
+	require.Error(t, err, "encode checks as decode does")
 }

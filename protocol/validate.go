@@ -347,3 +347,27 @@ func (f *CreateFailed) validate(decoded bool) error {
 	c.text("code", string(f.Code))
 	return c.result()
 }
+
+func (f *Hold) validate(decoded bool) error {
+	c := &checker{frame: TypeHold, decoded: decoded}
+	c.id("context_id", f.ContextID)
+	if f.TTLSeconds < 0 || f.TTLSeconds > MaxHoldTTL {
+		c.fail("ttl_s", "must be 0 to %d seconds", MaxHoldTTL)
+	}
+	return c.result()
+}
+
+func (f *Unhold) validate(decoded bool) error {
+	c := &checker{frame: TypeUnhold, decoded: decoded}
+	c.id("context_id", f.ContextID)
+	return c.result()
+}
+
+func (f *HoldStateFrame) validate(decoded bool) error {
+	c := &checker{frame: TypeHoldState, decoded: decoded}
+	c.id("context_id", f.ContextID)
+	if !f.State.Valid() {
+		c.fail("state", "must be %q, %q or %q", HoldPending, HoldActive, HoldEnded)
+	}
+	return c.result()
+}

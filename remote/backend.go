@@ -42,7 +42,7 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 	body := cheetah.AcquireBody{
 		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
 		ClientID: req.ClientID, Labels: req.Labels, RenewOnUse: req.RenewOnUse,
-		TenantID: req.TenantID, AffinityKey: req.AffinityKey,
+		TenantID: req.TenantID, AffinityKey: req.AffinityKey, LeaseWebhook: req.LeaseWebhook,
 	}
 	if c := req.Create; c != nil {
 		body.Create = &cheetah.CreateBody{URL: c.URL}

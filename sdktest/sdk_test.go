@@ -82,6 +82,8 @@ func TestSDK(t *testing.T) {
 				SendToken: func(ctx context.Context, token string) error {
 					return c.Do(ctx, "POST", "/api/v1/commands", map[string]string{"name": "echo"}, nil, "X-Lease", token)
 				},
+				// Creations wait in the registry of the replica whose
+				// client was asked: the cluster's are the replicas' sum.
 				PendingCreations: func() int {
 					n := 0
 					for _, r := range rs {

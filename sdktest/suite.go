@@ -92,6 +92,10 @@ var scenarios = []scenario{
 	{"CreateFailures", createFailures},
 	{"Affinity", affinity},
 	{"QuotaExceededAndWait", quotaExceededAndWait},
+	{"DoneRevoked", doneRevoked},
+	{"DoneExpired", doneExpired},
+	{"DoneContextGone", doneContextGone},
+	{"DoneReleased", doneReleased},
 }
 
 // ---- helpers ----

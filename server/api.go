@@ -73,6 +73,7 @@ func (s *Server) routes() *gin.Engine {
 	api.POST("/commands/wait", s.toHolder, s.sendAndWait)
 	api.POST("/lease/renew", s.toHolder, s.renew)
 	api.POST("/lease/release", s.toHolder, s.release)
+	api.POST("/lease/wait", s.toHolder, s.leaseWait)
 	api.POST("/lease/release-all", s.releaseAll)
 	api.GET("/users/:user_id/contexts/available", s.available)
 	api.GET("/users/:user_id/tasks/:task_id/leases", s.taskLeases)
@@ -195,6 +196,7 @@ var statusOf = map[string]int{
 	cheetah.CodePayloadTooLarge:    http.StatusRequestEntityTooLarge,
 	cheetah.CodeMethodNotAllowed:   http.StatusMethodNotAllowed,
 	cheetah.CodeLeaseLost:          http.StatusLocked,
+	cheetah.CodeHeld:               http.StatusLocked,
 	cheetah.CodeRateLimited:        http.StatusTooManyRequests,
 	cheetah.CodeStoreUnavailable:   http.StatusServiceUnavailable,
 	cheetah.CodeOverloaded:         http.StatusServiceUnavailable,
@@ -232,6 +234,21 @@ func (s *Server) acquire(c *gin.Context) {
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
 		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse,
 		TenantID: b.TenantID, AffinityKey: b.AffinityKey}
+	if b.LeaseWebhook != "" {
+		// Delivered when the lease is lost, signed with the requesting
+		// key's webhook secret, as result deliveries are.
+		hooks := s.cfg.Webhooks
+		if hooks == nil {
+			s.fail(c, cheetah.Invalidf("lease_webhook: webhook delivery is not enabled on this broker"))
+			return
+		}
+		key, _ := c.Get(keyCtx)
+		req.LeaseWebhook, req.LeaseWebhookKeyID = b.LeaseWebhook, key.(auth.Key).ID
+		if err := hooks.CheckLeaseWebhook(c.Request.Context(), req); err != nil {
+			s.fail(c, err)
+			return
+		}
+	}
 	// A tenant-bound app key acts for its tenant alone (DESIGN §10).
 	if key, _ := c.Get(keyCtx); key.(auth.Key).TenantID != "" {
 		bound := key.(auth.Key).TenantID
@@ -406,6 +423,42 @@ func (s *Server) renew(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"lease": l})
+}
+
+// leaseWait is the long poll behind the remote SDK's Handle.Done: it
+// answers 423 lease_lost (with the reason) as soon as the lease ends, or
+// 200 {"alive":true} when timeout_ms passed with the lease alive. It is
+// answered by the replica that holds the lease (toHolder), whose registry
+// hears of the end first.
+func (s *Server) leaseWait(c *gin.Context) {
+	lease, ok := s.leaseHeader(c)
+	if !ok {
+		return
+	}
+	var b cheetah.LeaseWaitBody
+	if !s.bind(c, &b) {
+		return
+	}
+	wait := cheetah.DefaultLeaseWait
+	if b.TimeoutMS != nil {
+		if *b.TimeoutMS < 0 || *b.TimeoutMS > cheetah.MaxLeaseWait.Milliseconds() {
+			s.fail(c, cheetah.Invalidf("timeout_ms must be 0 to %d", cheetah.MaxLeaseWait.Milliseconds()))
+			return
+		}
+		wait = time.Duration(*b.TimeoutMS) * time.Millisecond
+	}
+	ended := make(chan cheetah.LostReason, 1)
+	stop := s.reg.WatchLease(lease, func(r cheetah.LostReason) { ended <- r })
+	defer stop()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r := <-ended:
+		s.fail(c, &cheetah.LeaseLostError{Reason: r})
+	case <-t.C:
+		c.JSON(http.StatusOK, cheetah.LeaseWaitAnswer{Alive: true})
+	case <-c.Request.Context().Done():
+	}
 }
 
 func (s *Server) release(c *gin.Context) {

@@ -622,7 +622,7 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 	s.att = s.srv.reg.Connect(registry.ClientInfo{
 		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
 		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
-		MaxContexts: maxContexts(h), EpochFloor: floor,
+		MaxContexts: maxContexts(h), EpochFloor: floor, Effects: h.Effects,
 	}, s)
 	s.log.Info("client connected", "client_type", h.ClientType, "name", h.Name, "version", h.Version)
 	return true
@@ -664,6 +664,12 @@ func (s *session) handle(ctx context.Context, f protocol.Frame) bool {
 		s.srv.reg.ClientMessage(ctx, s.att, f)
 	case *protocol.CreateFailed:
 		s.srv.reg.CreateFailed(s.att, f)
+	case *protocol.Hold:
+		s.srv.reg.Hold(s.att, f.ContextID, time.Duration(f.TTLSeconds)*time.Second)
+		s.srv.console.Changed()
+	case *protocol.Unhold:
+		s.srv.reg.Unhold(s.att, f.ContextID)
+		s.srv.console.Changed()
 	default:
 		// A broker-to-client frame sent by a client: known to the protocol,
 		// but not a thing a client says.

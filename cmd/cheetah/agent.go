@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
 )
 
@@ -18,21 +19,29 @@ import (
 // variable (adminKeyEnv): an admin key exported for them is no client key.
 const clientKeyEnv = "CHEETAH_CLIENT_KEY"
 
+// agentCmd runs the agent, or, given hold or unhold and a context, reaches
+// the running agent of --client-id through its control socket.
 type agentCmd struct {
-	URL       string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
-	CAFile    string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
-	Key       string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
-	ClientID  string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
-	Name      string            `help:"A name shown to operators; default: the hostname."`
-	Flows     int               `default:"1" help:"How many console flows (contexts) to offer."`
-	MaxFlows  int               `name:"max-flows" default:"0" help:"How many flows the agent may hold in all: it opens more, up to this, when the broker asks (acquire with create); 0 is --flows."`
-	Allow     []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
-	Labels    map[string]string `help:"Labels for placement, as key=value;…"`
-	LogLevel  string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
-	LogFormat string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
+	Control       []string          `arg:"" optional:"" name:"hold|unhold context" help:"hold <context> or unhold <context>: take control of one of the running agent's flows (applications' mutations on it are refused held) or give it back, through its control socket, instead of running an agent."`
+	TTL           int64             `name:"ttl" default:"300" help:"With hold: seconds until the hold ends by itself (1 to 3600)."`
+	ControlSocket string            `name:"control-socket" help:"The unix socket (mode 0600) that agent hold and unhold reach; default: $XDG_RUNTIME_DIR/cheetah/agent-<client id>.sock, or <tmp>/cheetah-<uid>/agent-<client id>.sock; off: none."`
+	URL           string            `default:"http://127.0.0.1:8420" help:"The broker's address: http(s)://host:port, or ws(s)://…; https and wss use TLS."`
+	CAFile        string            `name:"ca-file" type:"existingfile" help:"PEM file of CA certificates to trust for an https or wss broker, besides the system's (a private CA or a self-signed certificate)."`
+	Key           string            `env:"CHEETAH_CLIENT_KEY" help:"A client key; removed from the environment before any program runs."`
+	ClientID      string            `name:"client-id" help:"This agent's client id, stable across restarts; default: console-<hostname>."`
+	Name          string            `help:"A name shown to operators; default: the hostname."`
+	Flows         int               `default:"1" help:"How many console flows (contexts) to offer."`
+	MaxFlows      int               `name:"max-flows" default:"0" help:"How many flows the agent may hold in all: it opens more, up to this, when the broker asks (acquire with create); 0 is --flows."`
+	Allow         []string          `help:"Programs that exec may run, by name or absolute path; repeat the flag or separate with commas. Empty: exec is refused."`
+	Labels        map[string]string `help:"Labels for placement, as key=value;…"`
+	LogLevel      string            `default:"info" enum:"debug,info,warn,error" help:"debug, info, warn or error."`
+	LogFormat     string            `default:"text" enum:"text,json" help:"text (logfmt) or json (one object per line), on stderr."`
 }
 
 func (c *agentCmd) Run() error {
+	if len(c.Control) > 0 {
+		return c.control()
+	}
 	log, err := newLog(c.LogLevel, c.LogFormat, c.Key)
 	if err != nil {
 		return err
@@ -88,7 +97,61 @@ func (c *agentCmd) Run() error {
 	a.Handle("echo", agent.Echo())
 	a.Handle("exec", agent.Exec(c.Allow))
 	log.Info("agent starting", "url", c.URL, "client_id", c.ClientID, "flows", c.Flows, "allow", c.Allow)
+	if c.ControlSocket != "off" {
+		path := c.controlSocket()
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := a.ServeControl(cctx, path); err != nil {
+				log.Warn("agent: no control socket: cheetah agent hold cannot reach this agent", "err", err)
+			}
+		}()
+		defer func() { cancel(); <-done }()
+		log.Info("agent control socket", "path", path)
+	}
 	return a.Run(ctx)
+}
+
+// controlSocket is where the agent of c.ClientID listens.
+func (c *agentCmd) controlSocket() string {
+	if c.ControlSocket != "" {
+		return c.ControlSocket
+	}
+	id := c.ClientID
+	if id == "" {
+		host, _ := os.Hostname()
+		id = "console-" + host
+	}
+	return agent.DefaultControlSocket(id)
+}
+
+// control runs `cheetah agent hold <context>` or `unhold <context>`.
+func (c *agentCmd) control() error {
+	if len(c.Control) != 2 || (c.Control[0] != "hold" && c.Control[0] != "unhold") {
+		return usageErr("cheetah agent takes hold <context> or unhold <context>, or no argument to run the agent")
+	}
+	req := agent.ControlRequest{Op: c.Control[0], ContextID: c.Control[1]}
+	if req.Op == "hold" {
+		if c.TTL < 1 || c.TTL > protocol.MaxHoldTTL {
+			return usageErr("--ttl must be from 1 to 3600")
+		}
+		req.TTLSeconds = c.TTL
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ans, err := agent.Control(ctx, c.controlSocket(), req)
+	if err != nil {
+		return exitErr(exitUnavailable, err)
+	}
+	if ans.Error != "" {
+		return fmt.Errorf("%s %s: %s", req.Op, req.ContextID, ans.Error)
+	}
+	fmt.Printf("%s %s\n", req.ContextID, ans.State)
+	if ans.State == string(protocol.HoldEnded) && req.Op == "hold" {
+		return fmt.Errorf("hold %s: the broker knows no such context of this agent", req.ContextID)
+	}
+	return nil
 }
 
 // caConfig returns a TLS configuration that trusts the system's roots and

@@ -22,6 +22,9 @@ type ClientInfo struct {
 	// EpochFloor, among replicas, is the highest epoch issued anywhere
 	// before the client came here: its contexts' epochs here are above it.
 	EpochFloor int64
+	// Effects is hello.effects: what each command does (protocol.EffectObserve
+	// or protocol.EffectMutate); a command it does not name is a mutation.
+	Effects map[string]string
 }
 
 // Attachment is one connection's hold on its client. The session passes it
@@ -57,6 +60,7 @@ func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	c.typ, c.name, c.version, c.labels = info.Type, info.Name, info.Version, info.Labels
 	c.keyID, c.sessionID, c.conn = info.KeyID, info.SessionID, conn
 	c.maxContexts = info.MaxContexts
+	c.effects = info.Effects
 	c.nconn, _ = conn.(NoticeConn)
 	c.epochFloor = max(c.epochFloor, info.EpochFloor)
 	c.reported = false
@@ -143,6 +147,7 @@ func (r *Registry) disconnect(c *client) {
 // detach takes c's connection away; r.mu is held.
 func (r *Registry) detach(c *client) {
 	conn := c.conn
+	r.endHoldsOf(c, conn) // holds end with the connection that made them
 	c.conn, c.nconn, c.notices = nil, nil, nil
 	r.failCreations(c, errCreationFailed) // the connection dropped first
 	c.reported = false
@@ -189,6 +194,9 @@ func (r *Registry) dropContexts(c *client) {
 // context_gone; r.mu is held.
 func (r *Registry) dropContext(w *wctx) {
 	w.live = false
+	if w.hold != nil {
+		r.endHumanHold(w)
+	}
 	if w.lease != nil {
 		r.endLease(w.lease, cheetah.LostContextGone)
 	}

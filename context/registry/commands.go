@@ -65,7 +65,10 @@ type command struct {
 	// preserving is set while a waiting caller holds the lease through this
 	// command (invariant 5).
 	preserving bool
-	timer      clockwork.Timer
+	// mutation says its context's client did not declare it an
+	// observation: a hold on the context waits for it to end.
+	mutation bool
+	timer    clockwork.Timer
 	// resolved receives the resolution once the terminal status is durable.
 	resolved chan outcome
 	// spans is the command's trace; traced says whether a tracer records
@@ -377,6 +380,12 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptio
 	if r.cfg.MaxInFlightPerContext > 0 && w.inflight >= r.cfg.MaxInFlightPerContext {
 		return nil, &cheetah.Error{Code: cheetah.CodeOverloaded, Message: fmt.Sprintf("the context already has %d commands in flight", w.inflight)}
 	}
+	c.mutation = w.isMutation(c.rec.Name)
+	if c.mutation && w.hold != nil {
+		// A person holds the context: mutations are fenced, pending or
+		// active (DESIGN §10); nothing is recorded or dispatched.
+		return nil, fenced(w)
+	}
 	now := r.clock.Now()
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
 	c.frame.ContextID, c.frame.TaskID, c.frame.Epoch = w.id, l.taskID, l.epoch
@@ -393,16 +402,16 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptio
 	c.recorded = make(chan error, 1)
 	if wait {
 		c.preserving = true
-		l.preserve++
-		if l.heapIndex >= 0 {
-			heapRemove(r, l)
-		}
+		r.preserveLease(l)
 	}
 	if l.renewOnUse {
 		r.extend(l, now)
 	}
 	r.commands[c.rec.CommandID] = c
 	w.inflight++
+	if c.mutation {
+		w.mutating++
+	}
 
 	conn := w.client.conn
 	live := w.live && conn != nil && w.client.contexts[w.id] == w
@@ -568,6 +577,9 @@ func (r *Registry) untrack(c *command) {
 		c.dispatchedTo = nil
 	}
 	c.ctx.inflight--
+	if c.mutation {
+		r.mutationEnded(c.ctx)
+	}
 	if r.draining && len(r.commands) == 0 && r.idle != nil {
 		close(r.idle)
 		r.idle = nil
@@ -675,15 +687,7 @@ func (r *Registry) unpreserve(c *command, renew bool) {
 		return
 	}
 	c.preserving = false
-	l := c.lease
-	l.preserve--
-	if r.leases[l.key] != l || l.preserve > 0 {
-		return
-	}
-	if renew {
-		l.expiresAt = r.clock.Now().Add(l.ttl)
-	}
-	r.pushDeadline(l)
+	r.unpreserveLease(c.lease, renew)
 }
 
 // heapRemove takes l out of the deadline heap; r.mu is held.

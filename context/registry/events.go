@@ -77,6 +77,11 @@ type Event struct {
 	ExpiresAt time.Time
 	// Reason is how a lease ended (LeaseEnded).
 	Reason cheetah.LostReason
+	// LeaseWebhook is the acquire's lease_webhook, on LeaseEnded, and
+	// LeaseWebhookKeyID the key that signs its delivery ("" for the
+	// broker's secret).
+	LeaseWebhook      string
+	LeaseWebhookKeyID string
 
 	CommandID   string
 	CommandName string

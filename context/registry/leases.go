@@ -36,6 +36,9 @@ type lease struct {
 	stored        time.Time
 	durable, gone chan error
 	placement
+	// webhook and webhookKey are the acquire's lease_webhook and the key
+	// that signs it: LeaseEnded carries them, for the lease.lost delivery.
+	webhook, webhookKey string
 }
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
@@ -108,6 +111,9 @@ func (l *lease) view(token string) cheetah.Lease {
 		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
 	}
 	l.placement.describe(&v)
+	if h := w.hold; h != nil {
+		v.Held = h.info()
+	}
 	return v
 }
 
@@ -360,6 +366,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
 	w.lastEpoch = epoch
 	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
+	l.webhook, l.webhookKey = req.LeaseWebhook, req.LeaseWebhookKeyID
 	w.lease = l
 	w.affinityKey = req.AffinityKey
 	r.charge(l)
@@ -390,6 +397,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	now := r.clock.Now()
 	ev := leaseEvent(LeaseEnded, l)
 	ev.Reason, ev.At = reason, now
+	ev.LeaseWebhook, ev.LeaseWebhookKeyID = l.webhook, l.webhookKey
 	r.emit(ev)
 	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})

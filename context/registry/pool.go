@@ -55,6 +55,8 @@ type client struct {
 	// on request), and creating the create_context requests it has not
 	// answered (create.go).
 	maxContexts, creating int
+	// effects is its hello's effects: which commands only observe.
+	effects map[string]string
 }
 
 // wctx is a worker context: a tab or a console flow.
@@ -82,6 +84,10 @@ type wctx struct {
 	ident *ctxIdent
 	// affinityKey is the affinity key of its last lease ("" for none).
 	affinityKey string
+	// hold is a person's hold on it (holds.go), and mutating counts its
+	// admitted mutations not yet ended, which a pending hold waits for.
+	hold     *hold
+	mutating int
 }
 
 func (r *Registry) poolFor(userID string) *pool {
@@ -126,7 +132,7 @@ func (w *wctx) matches(req *cheetah.AcquireRequest) bool {
 }
 
 func (w *wctx) idle() bool {
-	return w.live && w.owner == cheetah.OwnerWorker && w.lease == nil
+	return w.live && w.owner == cheetah.OwnerWorker && w.lease == nil && w.hold == nil
 }
 
 func (w *wctx) state() string {
@@ -187,6 +193,9 @@ func (w *wctx) snapshot() cheetah.ContextSnapshot {
 		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
 		ClientType: w.client.typ, TabID: w.tabID, Owner: w.owner, URL: w.url,
 		Title: w.title, Labels: w.labels, State: w.state(),
+	}
+	if w.hold != nil {
+		s.Held = w.hold.info()
 	}
 	if s.Labels == nil {
 		s.Labels = map[string]string{}

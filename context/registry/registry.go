@@ -202,6 +202,8 @@ type Registry struct {
 	// context, by request id (create.go).
 	creations map[string]*creation
 	qset      atomic.Pointer[quota.Set]
+	// watches are the lease watches of Handle.Done (leasewatch.go).
+	watches leaseWatches
 
 	// after acts on what was decided under r.mu: the outbox of writes and
 	// the queue of events (outbox.go).

@@ -42,6 +42,7 @@ func TestExtension(t *testing.T) {
 		{"commands of a tab run in order", stepOrder},
 		{"screenshot is a PNG in history", stepScreenshot},
 		{"popup shows the lease", stepPopup},
+		{"take control and give back from the popup", stepTakeControl},
 		{"bad input gets error codes", stepBadInput},
 		{"navigation: status, redirects, partial loads, history", stepNavigation},
 		{"interaction: upload, select, check, press, hover, scroll, dialogs", stepInteraction},

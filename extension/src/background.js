@@ -13,6 +13,7 @@ import { Connection } from './lib/connection.js';
 import { Creations } from './lib/create.js';
 import { EFFECTS } from './lib/commands.js';
 import { Executor, commandTab } from './lib/executor.js';
+import { Holds, holdBadge } from './lib/holds.js';
 import { Marks } from './lib/marks.js';
 import { DEFAULT_POOL_SIZE, buildReport, checkPoolSize, planPool, reportKey } from './lib/pool.js';
 import { newClientId, normalizeBrokerURL, stateFrame, tabIdForContext } from './lib/protocol.js';
@@ -39,6 +40,7 @@ const st = {
   windowId: null,
   groupId: null,
   marks: new Marks(),
+  holds: new Holds(), // human control: see "---- human control" below
   lastReport: null,
   reportTimer: null,
   statusTimer: null,
@@ -302,6 +304,7 @@ function onWelcome() {
   // ended while the extension was away, so start clean and learn the
   // current ones from assignment and command frames.
   for (const id of st.marks.clear()) renderMark(id);
+  holdsEndedWithConnection();
   st.lastReport = null;
   ready.then(() => ensurePool()).then(() => sendReport());
 }
@@ -342,6 +345,9 @@ function onFrame(f) {
       }
       break;
     }
+    case 'hold_state':
+      onHoldState(f);
+      break;
     case 'error':
       console.warn('[cheetah] broker error', f.code, f.message ?? '');
       break;
@@ -386,6 +392,7 @@ function onCreationAssignment(f) {
 
 function renderMark(tabId) {
   if (!st.workers.has(tabId)) return;
+  if (renderHoldMark(tabId)) return;
   const m = st.marks.get(tabId);
   if (m) {
     quietly(() => chrome.action.setBadgeText({ tabId, text: MARK_TEXT }));
@@ -470,6 +477,7 @@ function endLease(tabId) {
 function onTabRemoved(tabId) {
   if (st.children.delete(tabId)) browser.forget(tabId);
   if (!st.workers.has(tabId)) return;
+  holdTabClosed(tabId);
   endLease(tabId);
   forgetWorker(tabId);
   saveSession();
@@ -527,6 +535,10 @@ async function onMessage(msg) {
   switch (msg?.type) {
     case 'status':
       return statusSnapshot();
+    case 'hold':
+      return takeControl(Number(msg.tab_id), msg.minutes);
+    case 'unhold':
+      return giveBack(Number(msg.tab_id));
     case 'reconnect':
       await chrome.storage.session.set({ halted: null, reconnect: null });
       conn.backoff.reset();
@@ -559,6 +571,7 @@ function statusSnapshot() {
       return {
         tab_id: String(t.id), context_id: `tab-${t.id}`, url: t.url, title: t.title, status: t.status,
         task_id: m?.task_id ?? null, epoch: m?.epoch ?? null, busy: executor.pending(t.id),
+        held: st.holds.get(t.id),
       };
     }),
   };
@@ -572,4 +585,64 @@ function publishStatus() {
     if (!st.config) return;
     chrome.storage.session.set({ status: statusSnapshot() }).catch(() => {});
   }, 50);
+}
+
+// ---- human control (DESIGN §10): Take control / Give back
+//
+// A person takes over a worker tab from the popup. The extension sends
+// hold (ttl_s is the popup's timer) and the broker answers hold_state:
+// pending while the automation's admitted mutations run, then active.
+// Meanwhile applications' mutations fail held and observations pass. The
+// hold ends on Give back, when the timer runs out (the broker's TTL), when
+// the person closes the tab (the next state report drops the context, and
+// unhold is sent first), or with the connection.
+
+/** takeControl asks the broker for a hold on a worker tab. */
+function takeControl(tabId, minutes) {
+  if (!st.workers.has(tabId)) return { error: 'not a worker tab' };
+  if (!conn.send(st.holds.take(tabId, minutes))) {
+    st.holds.forget(tabId);
+    return { error: 'not connected to the broker' };
+  }
+  renderMark(tabId);
+  publishStatus();
+  return statusSnapshot();
+}
+
+/** giveBack ends the person's hold on a worker tab. */
+function giveBack(tabId) {
+  if (!st.holds.get(tabId)) return statusSnapshot();
+  conn.send(st.holds.give(tabId));
+  return statusSnapshot();
+}
+
+function onHoldState(f) {
+  const tabId = st.holds.apply(f);
+  if (tabId === null) return;
+  log('hold', f.context_id, f.state);
+  renderMark(tabId);
+  publishStatus();
+}
+
+/** holdTabClosed: the person closed a held tab, which ends the hold. */
+function holdTabClosed(tabId) {
+  if (!st.holds.get(tabId)) return;
+  conn.send(st.holds.give(tabId));
+  st.holds.forget(tabId);
+}
+
+/** holdsEndedWithConnection: a new session holds nothing. */
+function holdsEndedWithConnection() {
+  for (const id of st.holds.clear()) renderMark(id);
+}
+
+/** renderHoldMark badges a held tab; it reports whether the tab is held. */
+function renderHoldMark(tabId) {
+  const h = st.holds.get(tabId);
+  if (!h) return false;
+  const b = holdBadge(h);
+  quietly(() => chrome.action.setBadgeText({ tabId, text: b.text }));
+  quietly(() => chrome.action.setBadgeBackgroundColor({ tabId, color: b.color }));
+  quietly(() => chrome.action.setTitle({ tabId, title: b.title }));
+  return true;
 }

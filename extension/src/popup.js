@@ -2,6 +2,7 @@
 // It reads the status the service worker publishes in storage.session, and
 // messages the worker once so that a stopped worker starts (and connects).
 
+import { holdLabel } from './lib/holds.js';
 import { canReconnect, describeState, workerRows } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
@@ -24,7 +25,7 @@ function render() {
   if (rows.length === 0) {
     const tr = body.insertRow();
     const td = tr.insertCell();
-    td.colSpan = 3;
+    td.colSpan = 4;
     td.className = 'muted';
     td.textContent = 'none';
     return;
@@ -46,6 +47,39 @@ function render() {
       task.className = 'muted';
       task.textContent = 'idle';
     }
+    renderControl(tr.insertCell(), r);
+  }
+}
+
+// Take control / Give back: a person's hold on a worker tab (DESIGN §10).
+function renderControl(cell, r) {
+  const live = status?.state === 'connected';
+  const b = document.createElement('button');
+  b.className = 'hold';
+  if (r.held) {
+    b.textContent = 'Give back';
+    b.dataset.action = 'unhold';
+    const note = document.createElement('div');
+    note.className = 'muted held-state';
+    note.textContent = holdLabel(r.held);
+    cell.append(b, note);
+  } else {
+    b.textContent = 'Take control';
+    b.dataset.action = 'hold';
+    b.disabled = !live;
+    cell.append(b);
+  }
+  b.addEventListener('click', () => control(b.dataset.action, r.tab));
+}
+
+async function control(action, tab) {
+  const minutes = Number($('hold-minutes').value) || 5;
+  const fresh = await chrome.runtime.sendMessage({ type: action, tab_id: tab, minutes });
+  if (fresh && !fresh.error) {
+    status = fresh;
+    render();
+  } else if (fresh?.error) {
+    $('detail').textContent = fresh.error;
   }
 }
 

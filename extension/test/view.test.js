@@ -33,7 +33,13 @@ test('worker rows show the task holding each tab', () => {
     { tab_id: '2', url: '', title: '', task_id: null },
   ] });
   assert.deepEqual(rows, [
-    { tab: '1', page: 'https://e/', url: 'https://e/', task: 'job', epoch: 3 },
-    { tab: '2', page: 'about:blank', url: '', task: null, epoch: null },
+    { tab: '1', page: 'https://e/', url: 'https://e/', task: 'job', epoch: 3, held: null },
+    { tab: '2', page: 'about:blank', url: '', task: null, epoch: null, held: null },
   ]);
+});
+
+test('worker rows show a person\'s hold, only while connected', () => {
+  const w = [{ tab_id: '1', url: '', title: '', task_id: 'job', epoch: 3, held: { state: 'active', until: 1 } }];
+  assert.deepEqual(workerRows({ state: 'connected', workers: w })[0].held, { state: 'active', until: 1 });
+  assert.equal(workerRows({ state: 'waiting', workers: w })[0].held, null);
 });

@@ -227,12 +227,23 @@ func (g *guard) SendAndWait(ctx context.Context, l cheetah.Lease, cmd cheetah.Co
 	return g.Backend.SendAndWait(ctx, l, cmd, so)
 }
 
+// WatchLease passes Handle.Done's watch to the backend guarded, when it
+// can watch leases (the registry does).
+func (g *guard) WatchLease(l cheetah.Lease, lost func(cheetah.LostReason)) (stop func()) {
+	if lw, ok := g.Backend.(cheetah.LeaseWatcher); ok {
+		return lw.WatchLease(l, lost)
+	}
+	return func() {}
+}
+
 // Observe is the worker's subscription to the registry's events
 // (registry.Registry.Subscribe): when a command sent with a callback ends
 // and its terminal status is durable, so that its delivery is armed in
-// history, the worker wakes at once instead of at its next poll. It never
-// blocks.
+// history, the worker wakes at once instead of at its next poll; when a
+// lease with a lease_webhook is lost, its lease.lost delivery starts
+// (leaselost.go). It never blocks.
 func (w *Worker) Observe(ev registry.Event) {
+	w.leaseLost(ev)
 	if ev.Kind == registry.CommandEnded && ev.HasCallback && ev.Durable && ev.Status.Terminal() {
 		w.Notify()
 	}

@@ -8,11 +8,34 @@ import { tabIdForContext } from './protocol.js';
 
 export const ENDED_STATES = Object.freeze(['released', 'expired', 'revoked', 'context_gone']);
 
-export class Marks {
+/**
+ * ByTab is a state kept per worker tab (a mark, a person's hold): get,
+ * forget a tab that is gone, clear them all when the session ends.
+ */
+export class ByTab {
   constructor(entries) {
-    // tabId → {task_id, epoch, since}
     this.byTab = new Map(entries ?? []);
   }
+
+  get(tabId) {
+    return this.byTab.get(tabId) ?? null;
+  }
+
+  /** forget drops the state of a tab that is gone; it reports a change. */
+  forget(tabId) {
+    return this.byTab.delete(tabId);
+  }
+
+  /** clear drops every state and returns the tab ids that had one. */
+  clear() {
+    const ids = [...this.byTab.keys()];
+    this.byTab.clear();
+    return ids;
+  }
+}
+
+/** Marks are the tabs under automation: tabId → {task_id, epoch, since}. */
+export class Marks extends ByTab {
 
   /**
    * applyAssignment records an assignment frame. It returns the tab id whose
@@ -51,21 +74,6 @@ export class Marks {
     return tabId;
   }
 
-  /** forget drops the mark of a tab that is gone; it reports a change. */
-  forget(tabId) {
-    return this.byTab.delete(tabId);
-  }
-
-  /** clear drops every mark and returns the tab ids that had one. */
-  clear() {
-    const ids = [...this.byTab.keys()];
-    this.byTab.clear();
-    return ids;
-  }
-
-  get(tabId) {
-    return this.byTab.get(tabId) ?? null;
-  }
 
   entries() {
     return [...this.byTab.entries()];

@@ -40,6 +40,7 @@ export function workerRows(s) {
     url: w.url || '',
     task: live ? w.task_id ?? null : null,
     epoch: live ? w.epoch ?? null : null,
+    held: live ? w.held ?? null : null,
   }));
 }
 

@@ -1,0 +1,92 @@
+package registry_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/context/registry"
+)
+
+// WatchLease tells each ending once, with its reason; a lease that already
+// ended is told at once; a stopped watch is told nothing and leaves no
+// bookkeeping behind.
+func TestWatchLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *registry.Config) { c.ReconnectGrace = 5 * time.Second })
+	c := e.connect("a", cheetah.Console, nil, worker("w1"), worker("w2"))
+	watch := func(l cheetah.Lease) (chan cheetah.LostReason, func()) {
+		ch := make(chan cheetah.LostReason, 2)
+		stop := e.reg.WatchLease(l, func(r cheetah.LostReason) { ch <- r })
+		return ch, stop
+	}
+	got := func(ch chan cheetah.LostReason) cheetah.LostReason {
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notice")
+			return ""
+		}
+	}
+
+	l1 := e.mustAcquire("t1", func(r *cheetah.AcquireRequest) { r.TTL = 10 * time.Second })
+	ch1, stop1 := watch(l1)
+	defer stop1()
+	e.clock.Advance(11 * time.Second)
+	e.reg.ExpireDue()
+	require.Equal(t, cheetah.LostExpired, got(ch1))
+
+	l2 := e.mustAcquire("t2")
+	ch2, stop2 := watch(l2)
+	stop2()
+	ch2b, stop2b := watch(l2)
+	defer stop2b()
+	require.True(t, e.reg.Revoke(user, "a", l2.ContextID))
+	require.Equal(t, cheetah.LostRevoked, got(ch2b))
+	require.Empty(t, ch2, "a stopped watch hears nothing")
+
+	// Already ended: told at once, with the reason a send would get.
+	ch3, stop3 := watch(l2)
+	defer stop3()
+	require.Equal(t, cheetah.LostRevoked, got(ch3))
+
+	// The reconnect grace runs out: context_gone.
+	l4 := e.mustAcquire("t4")
+	ch4, stop4 := watch(l4)
+	defer stop4()
+	e.reg.Disconnect(c.att)
+	e.clock.Advance(6 * time.Second)
+	require.Equal(t, cheetah.LostContextGone, got(ch4))
+	require.Empty(t, ch1)
+	require.Eventually(t, func() bool { return e.reg.WatchedLeases() == 0 }, 10*time.Second, time.Millisecond)
+}
+
+// A lease that moves to another replica with its client keeps its
+// lease_webhook: the LeaseEnded there carries it.
+func TestHandOverKeepsLeaseWebhook(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	b := setup(t)
+	a.connect("c", cheetah.Console, nil, worker("w1"))
+	l := a.mustAcquire("t", func(r *cheetah.AcquireRequest) {
+		r.LeaseWebhook, r.LeaseWebhookKeyID = "https://example.com/lost", "key_1"
+	})
+	ended := make(chan registry.Event, 1)
+	unsub := b.reg.Subscribe(func(ev registry.Event) {
+		if ev.Kind == registry.LeaseEnded {
+			ended <- ev
+		}
+	})
+	defer unsub()
+	h, ok := a.reg.HandOver(user, "c", "b")
+	require.True(t, ok)
+	b.reg.Adopt(user, "c", h)
+	require.True(t, b.reg.Revoke(user, "c", l.ContextID))
+	ev := <-ended
+	require.Equal(t, "https://example.com/lost", ev.LeaseWebhook)
+	require.Equal(t, "key_1", ev.LeaseWebhookKeyID)
+	require.Equal(t, cheetah.LostRevoked, ev.Reason)
+}
