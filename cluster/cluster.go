@@ -47,13 +47,18 @@ type Store interface {
 	LeaveReplica(ctx context.Context, id string) error
 	// Replicas lists the members whose rows have not lapsed.
 	Replicas(ctx context.Context) ([]history.Replica, error)
-	// ReapReplicas removes the rows that lapsed more than grace ago.
-	ReapReplicas(ctx context.Context, grace time.Duration) ([]string, error)
+	// ReapReplicas removes the rows that lapsed more than grace ago and,
+	// in the same transaction, ends the commands in flight of every replica
+	// no longer a member as interrupted at at.
+	ReapReplicas(ctx context.Context, grace time.Duration, at time.Time) ([]string, int64, error)
 	// ClusterSecret returns the secret shared by the replicas.
 	ClusterSecret(ctx context.Context) ([]byte, error)
 	// MarkOrphansInterrupted ends the commands in flight of replicas that
 	// are no longer members.
 	MarkOrphansInterrupted(ctx context.Context, at time.Time) (int64, error)
+	// AbandonReplica makes id's lease rows orphans and ends its commands in
+	// flight: what a fenced replica held, given up before it acts again.
+	AbandonReplica(ctx context.Context, id string, at time.Time) error
 }
 
 // Config configures a Member.
@@ -72,7 +77,9 @@ type Config struct {
 	// default TTL/5.
 	Interval time.Duration
 	// Grace is how long after a row lapsed the others wait before they
-	// reap it; default 2 s.
+	// reap it; default two Intervals and a second, which covers the lag of
+	// a fence behind the lapse (at most one Interval: a tick's queries are
+	// bounded by it) and the clocks' difference.
 	Grace time.Duration
 	Clock clockwork.Clock
 	Log   *slog.Logger
@@ -98,7 +105,7 @@ func (c *Config) fill() {
 		c.Interval = c.TTL / 5
 	}
 	if c.Grace == 0 {
-		c.Grace = 2 * time.Second
+		c.Grace = 2*c.Interval + time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
@@ -302,33 +309,41 @@ func (m *Member) tick() {
 	defer cancel()
 	t0 := m.cfg.Clock.Now()
 	ok, err := m.cfg.Store.RenewReplica(ctx, m.cfg.ID, m.cfg.TTL)
-	switch {
-	case err != nil:
+	if err != nil {
 		m.cfg.Log.Warn("cluster: could not renew this replica's row", "replica", m.cfg.ID, "err", err)
 		return
-	case !ok:
+	}
+	if !ok {
 		// The others reaped this replica: what it held is theirs now.
 		m.cfg.Log.Error("cluster: this replica was declared gone; it drops its clients and joins again", "replica", m.cfg.ID)
 		m.validUntil.Store(nil)
 		m.fence()
+	}
+	if m.isFenced() {
+		// Back after a fence, reaped or not: whatever it held was dropped
+		// then, and is given up now, before it acts again; anything it
+		// gained meanwhile (a hello under way) is dropped too.
+		m.cfg.OnFenced()
+		if err := m.cfg.Store.AbandonReplica(ctx, m.cfg.ID, m.cfg.Clock.Now()); err != nil {
+			m.cfg.Log.Warn("cluster: could not give up what this replica held", "replica", m.cfg.ID, "err", err)
+			return
+		}
+	}
+	if !ok {
 		if err := m.join(ctx); err != nil {
 			m.cfg.Log.Warn("cluster: could not join again", "replica", m.cfg.ID, "err", err)
+			return
 		}
-	default:
+	} else {
 		m.extend(t0)
 	}
 	m.look(ctx)
-	reaped, err := m.cfg.Store.ReapReplicas(ctx, m.cfg.Grace)
+	reaped, n, err := m.cfg.Store.ReapReplicas(ctx, m.cfg.Grace, m.cfg.Clock.Now())
 	if err != nil {
 		m.cfg.Log.Warn("cluster: could not reap lapsed replicas", "err", err)
 		return
 	}
-	if len(reaped) > 0 {
-		n, err := m.cfg.Store.MarkOrphansInterrupted(ctx, m.cfg.Clock.Now())
-		if err != nil {
-			m.cfg.Log.Warn("cluster: could not end the commands of lapsed replicas", "replicas", reaped, "err", err)
-			return
-		}
+	if len(reaped) > 0 || n > 0 {
 		m.cfg.Log.Info("cluster: replicas gone; their commands in flight are interrupted", "replicas", reaped, "interrupted", n)
 	}
 	if m.cfg.AfterTick != nil && m.Valid() {
@@ -350,6 +365,13 @@ func (m *Member) look(ctx context.Context) {
 		}
 	}
 	m.peers.Store(&peers)
+}
+
+// isFenced reports whether the replica fenced since it last renewed.
+func (m *Member) isFenced() bool {
+	m.fencedMu.Lock()
+	defer m.fencedMu.Unlock()
+	return m.fenced
 }
 
 // fence calls OnFenced once each time the replica stops being valid.
@@ -375,6 +397,10 @@ const PeerHeader = "Cheetah-Peer"
 // replica authenticated the caller with (by id): the receiver takes it as
 // authenticated, as it cannot check the caller's console session.
 const PeerKeyHeader = "Cheetah-Peer-Key"
+
+// PeerHopsHeader counts, on a signed request, the replicas that passed it
+// on before.
+const PeerHopsHeader = "Cheetah-Peer-Hops"
 
 // peerSkew bounds how far a signed request's time may be from the
 // receiver's: a captured request cannot be replayed later than this.
@@ -416,7 +442,7 @@ func (m *Member) Verify(req *http.Request) (string, bool, error) {
 
 func (m *Member) mac(id, ts string, req *http.Request) string {
 	h := hmac.New(sha256.New, m.secret)
-	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader)} {
+	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader), req.Header.Get(PeerHopsHeader)} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}

@@ -125,11 +125,12 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 		b.Queue(pgSetDeliveries, deliveryArrays(p.deliveries)...)
 		names = append(names, "history.SetDelivery")
 	}
-	put, claim, del := leaseArrays(p.leases)
+	news, expiries, claims, del := leaseArrays(p.leases)
 	for _, st := range []struct {
 		sql, name string
 		args      []any
-	}{{pgPutLeases, "history.PutLease", put}, {pgClaimLeases, "history.PutLease", claim}, {pgDeleteLeases, "history.DeleteLease", del}} {
+	}{{pgNewLeases, "history.PutLease", news}, {pgLeaseExpiries, "history.PutLease", expiries},
+		{pgClaimLeases, "history.PutLease", claims}, {pgDeleteLeases, "history.DeleteLease", del}} {
 		if st.args != nil {
 			b.Queue(st.sql, st.args...)
 			names = append(names, st.name)

@@ -3,6 +3,8 @@ package history
 import (
 	"context"
 	"time"
+
+	"gorm.io/gorm"
 )
 
 // Lease rows make a lease outlive the replica that holds it (DESIGN §9;
@@ -10,13 +12,10 @@ import (
 // writer as commands, in the registry's decision order, on PostgreSQL only:
 // SQLite is single-node, and its leases live and die with its one broker.
 
-// PutLease writes a lease's row: a new lease or its new expiry, where the
-// row is this replica's (a row another replica took over stays theirs); with
-// Claim, the row becomes this replica's whoever held it (a lease that moved
-// here with its client, or that this replica adopted). The token itself is
-// never stored, only its digest.
+// PutLease writes a lease's row, as Kind says. The token itself is never
+// stored, only its digest.
 type PutLease struct {
-	Claim       bool
+	Kind        PutKind
 	TokenDigest [32]byte
 	UserID      string
 	ClientID    string
@@ -27,6 +26,21 @@ type PutLease struct {
 	RenewOnUse  bool
 	ExpiresAt   time.Time
 }
+
+// PutKind says what a PutLease writes.
+type PutKind uint8
+
+const (
+	// LeaseExpiry moves the expiry of a row that is this replica's; it
+	// never makes a row, so a write held through an outage and replayed
+	// after the lease ended (its row deleted) brings nothing back.
+	LeaseExpiry PutKind = iota
+	// LeaseClaim makes the row this replica's whoever held it: a lease that
+	// moved here with its client, or that this replica adopted.
+	LeaseClaim
+	// LeaseNew makes the row of a new lease.
+	LeaseNew
+)
 
 // DeleteLease removes a lease's row, where it is this replica's: the lease
 // ended.
@@ -49,10 +63,14 @@ const (
 	// this replica's). A replica cut off from the database may have writes
 	// held that reach it after others took its leases over: they change
 	// only rows still its own.
-	pgPutLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
+	pgNewLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
 SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[])
-ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms
-WHERE leases.replica_id = EXCLUDED.replica_id`
+ON CONFLICT (token_digest) DO NOTHING`
+
+	pgLeaseExpiries = `UPDATE leases AS l SET expires_at = v.expires_at, ttl_ms = v.ttl_ms
+FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[])
+	AS v(token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
+WHERE l.token_digest = v.token_digest AND l.replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
 
 	pgClaimLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at)
 SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[])
@@ -69,9 +87,11 @@ func (p *writePlan) planLease(digest [32]byte, c leaseChange) {
 		p.leaseAt = make(map[[32]byte]int)
 	}
 	if i, ok := p.leaseAt[digest]; ok {
-		// A claim earlier in the batch still claims: the later put would
-		// find the row not yet this replica's.
-		c.put.Claim = c.put.Claim || (!p.leases[i].delete && p.leases[i].put.Claim)
+		// A new row or a claim earlier in the batch still makes or claims
+		// it: a later expiry alone would find no row of this replica's.
+		if prev := p.leases[i]; !prev.delete && !c.delete {
+			c.put.Kind = max(c.put.Kind, prev.put.Kind)
+		}
 		p.leases[i] = c
 		return
 	}
@@ -79,25 +99,23 @@ func (p *writePlan) planLease(digest [32]byte, c leaseChange) {
 	p.leases = append(p.leases, c)
 }
 
-// leaseArrays returns the arguments of pgPutLeases, pgClaimLeases and
-// pgDeleteLeases; nil for a statement with nothing to do.
-func leaseArrays(cs []leaseChange) (put, claim, del []any) {
-	var puts, claims []*PutLease
+// leaseArrays returns the arguments of pgNewLeases, pgLeaseExpiries,
+// pgClaimLeases and pgDeleteLeases; nil for a statement with nothing to do.
+func leaseArrays(cs []leaseChange) (news, expiries, claims, del []any) {
+	var byKind [3][]*PutLease
 	var gone [][]byte
 	for i := range cs {
-		switch c := &cs[i]; {
-		case c.delete:
+		c := &cs[i]
+		if c.delete {
 			gone = append(gone, c.put.TokenDigest[:])
-		case c.put.Claim:
-			claims = append(claims, &c.put)
-		default:
-			puts = append(puts, &c.put)
+			continue
 		}
+		byKind[c.put.Kind] = append(byKind[c.put.Kind], &c.put)
 	}
 	if len(gone) > 0 {
 		del = []any{gone}
 	}
-	return putArrays(puts), putArrays(claims), del
+	return putArrays(byKind[LeaseNew]), putArrays(byKind[LeaseExpiry]), putArrays(byKind[LeaseClaim]), del
 }
 
 func putArrays(ls []*PutLease) []any {
@@ -117,6 +135,31 @@ func putArrays(ls []*PutLease) []any {
 		epoch[i], ttl[i], renew[i], expires[i] = l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt)
 	}
 	return []any{digest, user, client, ctxID, task, epoch, ttl, renew, expires}
+}
+
+// AbandonReplica gives up what replica id held before it was fenced, once
+// it can reach the database again without having been reaped: it forgot its
+// clients and leases when it fenced, so its lease rows become orphans at
+// once (for the replicas its clients went to) and its commands in flight
+// end interrupted, in one transaction.
+func (s *Store) AbandonReplica(ctx context.Context, id string, at time.Time) error {
+	const op = "history.AbandonReplica"
+	if err := s.clustered(op); err != nil {
+		return err
+	}
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// abandoned is no replica id (they are 8 hex digits): the rows are
+		// nobody's, and orphans.
+		if err := tx.Exec(`UPDATE leases SET replica_id = 'abandoned', orphaned_at = now() WHERE replica_id = ?`, id).Error; err != nil {
+			return err
+		}
+		if err := s.armInterrupted(tx.Where("replica_id = ?", id), at, op); err != nil {
+			return err
+		}
+		_, err := s.markInterrupted(tx.Where("replica_id = ?", id), at, op)
+		return err
+	})
+	return s.replicaErr(op, err)
 }
 
 // OrphanLeases marks the rows of replicas that are no longer members as

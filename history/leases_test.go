@@ -28,8 +28,9 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 	row := history.PutLease{TokenDigest: sha256.Sum256([]byte("token-1")), UserID: "u1", ClientID: "c1", ContextID: "x1",
 		TaskID: "t1", Epoch: 7, TTL: time.Minute, RenewOnUse: true, ExpiresAt: expires}
+	row.Kind = history.LeaseNew
 	require.NoError(t, a.Write(ctx, row))
-	gone := history.PutLease{TokenDigest: sha256.Sum256([]byte("token-2")), UserID: "u1", ClientID: "c1", ContextID: "x2",
+	gone := history.PutLease{Kind: history.LeaseNew, TokenDigest: sha256.Sum256([]byte("token-2")), UserID: "u1", ClientID: "c1", ContextID: "x2",
 		TaskID: "t1", Epoch: 8, TTL: time.Minute, ExpiresAt: expires}
 	require.NoError(t, a.Write(ctx, gone, history.DeleteLease{TokenDigest: gone.TokenDigest}))
 
@@ -43,19 +44,30 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.Equal(t, "leaseaaa", r)
 	require.Equal(t, expires, exp)
 
-	// B's plain write and delete do not touch A's row.
+	// B's expiry write and delete do not touch A's row; an expiry write
+	// makes no row (a write replayed after its lease ended brings it back
+	// to nothing), nor does a new-lease write replayed on a row.
 	later := row
+	later.Kind = history.LeaseExpiry
 	later.ExpiresAt = expires.Add(time.Hour)
 	require.NoError(t, b.Write(ctx, later, history.DeleteLease{TokenDigest: row.TokenDigest}))
 	r, exp = owner()
 	require.Equal(t, "leaseaaa", r)
 	require.Equal(t, expires, exp)
 
+	require.NoError(t, a.Write(ctx, history.PutLease{Kind: history.LeaseExpiry, TokenDigest: gone.TokenDigest, ExpiresAt: expires}))
+	require.NoError(t, b.Write(ctx, history.PutLease{Kind: history.LeaseNew, TokenDigest: row.TokenDigest, UserID: "u1",
+		ClientID: "c1", ContextID: "x1", TaskID: "t1", Epoch: 7, TTL: time.Minute, ExpiresAt: later.ExpiresAt}))
+	r, exp = owner()
+	require.Equal(t, "leaseaaa", r)
+	require.Equal(t, expires, exp)
+
 	// A claim makes it B's; A's late writes then change nothing.
 	claim := later
-	claim.Claim = true
+	claim.Kind = history.LeaseClaim
 	require.NoError(t, b.Write(ctx, claim))
-	require.NoError(t, a.Write(ctx, history.DeleteLease{TokenDigest: row.TokenDigest}))
+	require.NoError(t, a.Write(ctx, history.DeleteLease{TokenDigest: row.TokenDigest},
+		history.PutLease{Kind: history.LeaseExpiry, TokenDigest: row.TokenDigest, ExpiresAt: expires}))
 	r, exp = owner()
 	require.Equal(t, "leasebbb", r)
 	require.Equal(t, later.ExpiresAt, exp)
@@ -68,7 +80,7 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.Equal(t, [][2]string{{"u1", "c1"}}, clients)
 	rows, err := a.OrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)
-	require.Len(t, rows, 1, "the deleted lease is not offered")
+	require.Len(t, rows, 1, "the deleted lease is not offered, nor brought back by an expiry write")
 	got := rows[0]
 	require.Equal(t, row.TokenDigest, got.TokenDigest)
 	require.Equal(t, int64(7), got.Epoch)
@@ -77,7 +89,7 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.True(t, got.RenewOnUse)
 
 	// A adopts it: no orphan is left.
-	got.Claim = true
+	got.Kind = history.LeaseClaim
 	require.NoError(t, a.Write(ctx, got))
 	rows, err = a.OrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)

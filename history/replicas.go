@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"gorm.io/gorm"
 )
 
 // Replica is one member of the replicas of a PostgreSQL database (DESIGN
@@ -83,19 +85,34 @@ func (s *Store) Replicas(ctx context.Context) ([]Replica, error) {
 	return rows, s.replicaErr(op, err)
 }
 
-// ReapReplicas removes the members whose rows lapsed more than grace ago
-// and returns their ids. grace covers the difference between the
-// database's clock and the replicas' own: a replica stops acting when its
-// row lapses by its own count, which starts before the database's.
-func (s *Store) ReapReplicas(ctx context.Context, grace time.Duration) ([]string, error) {
+// ReapReplicas removes the members whose rows lapsed more than grace ago,
+// and in the same transaction ends the commands in flight of every replica
+// that is no longer a member as interrupted at at (arming their webhook
+// deliveries), so that no failure between the two can leave them in
+// flight. It returns the ids removed and how many commands it ended.
+// grace covers the difference between the database's clock and the
+// replicas' own: a replica stops acting when its row lapses by its own
+// count, which starts before the database's.
+func (s *Store) ReapReplicas(ctx context.Context, grace time.Duration, at time.Time) ([]string, int64, error) {
 	const op = "history.ReapReplicas"
 	if err := s.clustered(op); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var ids []string
-	err := s.db.WithContext(ctx).Raw(`DELETE FROM replicas WHERE expires_at < now() - ? * interval '1 millisecond' RETURNING id`,
-		grace.Milliseconds()).Scan(&ids).Error
-	return ids, s.replicaErr(op, err)
+	var n int64
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Raw(`DELETE FROM replicas WHERE expires_at < now() - ? * interval '1 millisecond' RETURNING id`,
+			grace.Milliseconds()).Scan(&ids).Error; err != nil {
+			return err
+		}
+		if err := s.armInterrupted(tx.Where(orphaned), at, op); err != nil {
+			return err
+		}
+		var err error
+		n, err = s.markInterrupted(tx.Where(orphaned), at, op)
+		return err
+	})
+	return ids, n, s.replicaErr(op, err)
 }
 
 // ClusterSecret returns the secret the replicas sign their requests to

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -80,55 +81,57 @@ func (s *Server) peerOnly(c *gin.Context) {
 	}
 }
 
-// toHolder passes a request with a lease token to the replica that issued
-// the token. A token of a replica that is gone is answered here: its lease
-// is unknown to every live replica.
+// toHolder passes a request with a lease token to the replica that holds
+// its lease. The token names the replica that issued it; a replica that
+// handed the lease over with its client knows where it went (MovedTo), and
+// when neither tells (the issuer is gone, or forgot the lease when it was
+// fenced), every replica is asked (holderOf). A lease held here, or that
+// ended here recently enough to say how, is answered here. Each hop is
+// signed and counted, never goes back to the replica it came from, and
+// stops after maxHops.
 func (s *Server) toHolder(c *gin.Context) {
 	m := s.cfg.Cluster
 	token := c.GetHeader("X-Lease")
 	tag, ok := registry.TokenTagOf(token)
-	if m == nil || !ok || s.reg.Holds(token) {
+	if m == nil || !ok || s.reg.Holds(token) || hopsOf(c) >= maxHops {
 		return
 	}
-	from, _ := c.Get(peerCtx)
-	if tag == m.ID() {
-		// Issued here, its lease moved on with its client: passed on,
-		// whoever asked, but never back to the replica that asked.
-		to, moved := s.reg.MovedTo(token)
-		if p, live := m.Peer(to); moved && live && to != from {
-			s.pass(c, p)
-			c.Abort()
-			return
-		}
-		if moved || fromPeer(c) || s.reg.Knows(token) {
-			return
-		}
-		// Unknown here though issued here: this replica was fenced and
-		// forgot it, and another may have adopted it since.
-		if p, live := s.holderOf(c, token); live {
-			s.pass(c, p)
-			c.Abort()
-		}
-		return
+	from := c.GetString(peerCtx)
+	var next cluster.Peer
+	found := false
+	if to, moved := s.reg.MovedTo(token); moved {
+		next, found = m.Peer(to)
+	} else if tag != m.ID() && !fromPeer(c) {
+		next, found = m.Peer(tag)
 	}
-	if fromPeer(c) {
-		return
+	if found && next.ID == from {
+		found = false
 	}
-	p, live := m.Peer(tag)
-	if !live {
-		// The replica that issued it is gone, or the lease moved on from
-		// a replica since gone: whoever holds it now says so.
-		p, live = s.holderOf(c, token)
+	if !found && !s.reg.Knows(token) {
+		next, found = s.holderOf(c, token, from)
 	}
-	if live {
-		s.pass(c, p)
+	if found {
+		s.pass(c, next)
 		c.Abort()
 	}
 }
 
-// holderOf asks every other replica whether it holds the lease of token.
-func (s *Server) holderOf(c *gin.Context, token string) (cluster.Peer, bool) {
-	peers := s.cfg.Cluster.Peers()
+// maxHops bounds how many replicas pass one request on.
+const maxHops = 3
+
+// hopsOf is how many replicas passed the request on before this one.
+func hopsOf(c *gin.Context) int {
+	if !fromPeer(c) {
+		return 0
+	}
+	n, _ := strconv.Atoi(c.GetHeader(cluster.PeerHopsHeader))
+	return n
+}
+
+// holderOf asks every other replica but except whether it holds the lease
+// of token.
+func (s *Server) holderOf(c *gin.Context, token, except string) (cluster.Peer, bool) {
+	peers := slices.DeleteFunc(slices.Clone(s.cfg.Cluster.Peers()), func(p cluster.Peer) bool { return p.ID == except })
 	holds := make([]bool, len(peers))
 	var wg sync.WaitGroup
 	for i, p := range peers {
@@ -284,6 +287,7 @@ func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 	for h := callerHeaders(c); len(h) > 1; h = h[2:] {
 		req.Header.Set(h[0], h[1])
 	}
+	req.Header.Set(cluster.PeerHopsHeader, strconv.Itoa(hopsOf(c)+1))
 	req.ContentLength = c.Request.ContentLength
 	s.cfg.Cluster.Sign(req)
 	resp, err := s.peerClient.Do(req)
@@ -492,12 +496,12 @@ func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b c
 		}
 		var err error = &cheetah.NoContextError{Reason: cheetah.ReasonNoEligibleClient}
 		for _, cand := range s.candidates(c, req, peers, body) {
-			var l cheetah.Lease
 			if cand.peer == nil {
-				l, err = s.reg.Acquire(ctx, local)
-				if !errors.Is(err, cheetah.ErrNoContextAvailable) {
-					return l, err
+				l, lerr := s.reg.Acquire(ctx, local)
+				if !errors.Is(lerr, cheetah.ErrNoContextAvailable) {
+					return l, lerr
 				}
+				err = betterReason(err, lerr)
 				continue
 			}
 			a := s.ask(ctx, c, *cand.peer, http.MethodPost, "/api/v1/acquire", body)
@@ -509,6 +513,11 @@ func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b c
 				if json.Unmarshal(a.body, &got) == nil {
 					return got.Lease, nil
 				}
+				continue
+			}
+			if a.status >= http.StatusInternalServerError || a.status == http.StatusTooManyRequests {
+				// A replica draining, fenced or busy has nothing to give:
+				// as one that did not answer, not a failure of the acquire.
 				continue
 			}
 			perr := envelopeErr(a.body)

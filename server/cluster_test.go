@@ -567,3 +567,91 @@ func TestClusterDatabaseAwayAndBack(t *testing.T) {
 		}, 30*time.Second, 10*time.Millisecond, "command %s ends", id)
 	}
 }
+
+// A client that moves twice (0 → 1 → 2, as behind a balancer without
+// stickiness) keeps its lease reachable through every replica: each
+// replica it left passes requests on to where it went.
+func TestClusterClientMovesTwice(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	clientKey := rs[0].key(t, auth.Client, user)
+	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
+	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-2m", 1, nil)
+	l, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+	for _, to := range []int{1, 2} {
+		front.Retarget(host(rs[to]))
+		front.Cut()
+		front.Heal()
+		require.Eventually(t, func() bool {
+			var clients struct{ Clients []registry.ClientView }
+			return rs[to].api(clusterAdminKey).Do(ctx, "GET", "/api/v1/admin/clients", nil, &clients) == nil &&
+				len(clients.Clients) == 1 && clients.Clients[0].Connected && clients.Clients[0].Replica == rs[to].Broker.Cluster.ID()
+		}, 20*time.Second, 10*time.Millisecond)
+		waitContexts(t, rs[to].URL, "agent-2m", 1)
+	}
+	for i, r := range rs {
+		require.NoError(t, r.api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, nil,
+			"X-Lease", l.LeaseToken), "through replica %d", i)
+	}
+}
+
+// A replica draining (a rolling restart) has nothing to give an acquire:
+// an acquire that may wait still waits, and gets the context freed here.
+func TestClusterDrainingPeerDoesNotFailAcquires(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	appKey := rs[0].key(t, auth.App, "")
+	clusterAgent(t, rs[0].URL, rs[0].key(t, auth.Client, user), "agent-d", 1, nil)
+	l, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+	rs[1].Broker.Server.Drain()
+	rs[1].Broker.Registry.Drain()
+	got := make(chan error, 1)
+	go func() {
+		_, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t2", "client_type": "console", "wait_ms": 20000})
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return rs[0].Broker.Registry.Stats().Waiters > 0 }, 10*time.Second, 5*time.Millisecond)
+	_, err = rs[0].Broker.Registry.Release(context.Background(), l)
+	require.NoError(t, err)
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the acquire never got the freed context")
+	}
+}
+
+// A replica cut off from the database just long enough to fence, and back
+// before the others reap it, gives up what it held before it acts again:
+// the lease of its client, now connected elsewhere, is adopted there
+// rather than stuck on a live replica that forgot it.
+func TestClusterShortOutageGivesLeasesUp(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
+	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	clusterAgent(t, "http://"+front.Addr(), rs[1].key(t, auth.Client, user), "agent-so", 1, nil)
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+
+	rs[0].Link.Cut()
+	front.Retarget(host(rs[1]))
+	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 20*time.Second, 5*time.Millisecond)
+	rs[0].Link.Heal() // back before the others reap it
+	require.Eventually(t, rs[0].Broker.Cluster.Valid, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rs[1].Broker.Registry.Holds(l.LeaseToken) }, 20*time.Second, 10*time.Millisecond,
+		"the client's replica adopts the lease the fenced one gave up")
+	for i, r := range rs {
+		var waited struct{ Resolution cheetah.Resolution }
+		require.NoError(t, r.api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+			"X-Lease", l.LeaseToken), "through replica %d", i)
+		require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+	}
+}

@@ -3,6 +3,7 @@ package server_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,6 +23,8 @@ func TestHoldOverTheWire(t *testing.T) {
 			Effects: map[string]string{"extract": protocol.EffectObserve, "navigate": protocol.EffectMutate}})
 		next[*protocol.Welcome](c)
 		c.send(&protocol.State{Contexts: []protocol.ContextReport{{ContextID: "flow-1", TabID: "t1", Owner: protocol.OwnerWorker}}})
+		// The report is applied soon after it is sent.
+		require.Eventually(t, func() bool { return b.reg.Stats().Contexts == 1 }, 10*time.Second, time.Millisecond)
 		var acq struct{ Lease cheetah.Lease }
 		resp := b.do("POST", "/api/v1/acquire", b.appKey, map[string]any{"user_id": user, "task_id": "job", "client_type": "console"}, &acq)
 		require.Equal(t, http.StatusCreated, resp.StatusCode)

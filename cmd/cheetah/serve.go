@@ -45,7 +45,7 @@ type serveCmd struct {
 	TLSCert          string        `name:"tls-cert" and:"tls" type:"path" help:"PEM certificate (chain) file: serve HTTPS and wss:// on --listen; reloaded when it changes. Needs --tls-key."`
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
 	AdvertiseURL     string        `name:"advertise-url" help:"Where the other replicas on the same PostgreSQL reach this one (http(s)://host:port); default: --listen's address."`
-	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands 2s after that. Shorter fails over sooner, and fences sooner on a slow database."`
+	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands a grace later (two renewals, TTL/5 each, plus 1s). Shorter fails over sooner, and fences sooner on a slow database."`
 	QuotaFile        string        `name:"quota-file" env:"CHEETAH_QUOTA_FILE" type:"path" help:"YAML file of quota caps (global, tenant, user); reloaded on SIGHUP and by POST /api/v1/admin/quotas/reload. A broken file refuses to start."`
 }
 

@@ -32,7 +32,9 @@ func (r *Registry) storeNew(l *lease) {
 	}
 	ch := make(chan error, 1)
 	l.durable, l.stored = ch, l.expiresAt
-	r.write(func(err error) { ch <- err }, rowOf(l))
+	row := rowOf(l)
+	row.Kind = history.LeaseNew
+	r.write(func(err error) { ch <- err }, row)
 }
 
 // storeExpiry writes l's expiry when it moved more than half its TTL past
@@ -53,7 +55,7 @@ func (r *Registry) storeMoved(l *lease) {
 	}
 	l.stored = l.expiresAt
 	row := rowOf(l)
-	row.Claim = true
+	row.Kind = history.LeaseClaim
 	r.write(nil, row)
 }
 
