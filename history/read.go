@@ -147,8 +147,8 @@ func (s *Store) MarkInterrupted(ctx context.Context, at time.Time) (int64, error
 // orphaned selects the commands of replicas that are no longer members
 // (their rows are gone from replicas): the only ones a replica may end
 // without ending another live replica's work.
-// A broker on the database that is no replica writes ” (it ends its own
-// commands at its start).
+// A broker on the database that is no replica leaves replica_id empty (it
+// ends its own commands at its start).
 const orphaned = "replica_id <> '' AND replica_id NOT IN (SELECT id FROM replicas)"
 
 // MarkOrphansInterrupted is MarkInterrupted for the replicas of one
