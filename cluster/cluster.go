@@ -86,8 +86,8 @@ type Config struct {
 	// MeterProvider makes the member's gauges (cheetah.replicas,
 	// cheetah.replica.valid); nil records none.
 	MeterProvider metric.MeterProvider
-	// AfterTick, when set, runs at the end of every tick of a valid
-	// member, with the tick's context: work that must follow the reaping
+	// AfterTick, when set, runs after every reaping round of a valid
+	// member, with the round's context: work that must follow the reaping
 	// (adopting the leases of reaped replicas).
 	AfterTick func(ctx context.Context)
 	// OnFenced is called, from the member's own goroutine, when the
@@ -151,11 +151,12 @@ type Member struct {
 	fencedMu sync.Mutex
 	fenced   bool
 
-	gauges  metric.Registration // nil without a MeterProvider
-	started atomic.Bool
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
+	gauges     metric.Registration // nil without a MeterProvider
+	started    atomic.Bool
+	stop       chan struct{}
+	done       chan struct{} // closed by loop
+	maintained chan struct{} // closed by maintainLoop
+	once       sync.Once
 }
 
 // Join registers the replica, ends the commands of replicas that are gone
@@ -166,7 +167,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if len(cfg.ID) != IDLen {
 		return nil, fmt.Errorf("cluster: a replica id has %d characters", IDLen)
 	}
-	m := &Member{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &Member{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), maintained: make(chan struct{})}
 	secret, err := cfg.Store.ClusterSecret(ctx)
 	if err != nil {
 		return nil, err
@@ -247,6 +248,7 @@ func (m *Member) Peer(id string) (Peer, bool) {
 func (m *Member) Start() {
 	if m.started.CompareAndSwap(false, true) {
 		go m.loop()
+		go m.maintainLoop()
 	}
 }
 
@@ -256,6 +258,7 @@ func (m *Member) Stop(ctx context.Context) error {
 	m.once.Do(func() { close(m.stop) })
 	if m.started.Load() {
 		<-m.done
+		<-m.maintained
 	}
 	if m.gauges != nil {
 		_ = m.gauges.Unregister()
@@ -301,9 +304,10 @@ func (m *Member) loop() {
 	}
 }
 
-// tick renews the row, then reads the others and reaps the lapsed. Every
-// query is bounded by the interval, so that a database that does not
-// answer cannot hold the loop past the moment the replica must fence.
+// tick renews the row (and gives up what a fenced replica held, before it
+// acts again). Its queries are bounded by the interval, so that a database
+// that does not answer cannot hold the loop past the moment the replica
+// must fence.
 func (m *Member) tick() {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Interval)
 	defer cancel()
@@ -337,7 +341,33 @@ func (m *Member) tick() {
 	} else {
 		m.extend(t0)
 	}
+}
+
+// maintainLoop reads the others, reaps the lapsed and runs AfterTick every
+// Interval, apart from the renewals: slow maintenance (a reap under load,
+// adoptions) never delays a renewal into a fence.
+func (m *Member) maintainLoop() {
+	defer close(m.maintained)
+	tick := m.cfg.Clock.NewTicker(m.cfg.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tick.Chan():
+		}
+		m.maintain()
+	}
+}
+
+// maintain is one round of maintainLoop, bounded by the TTL.
+func (m *Member) maintain() {
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.TTL)
+	defer cancel()
 	m.look(ctx)
+	if !m.Valid() {
+		return // a fenced replica acts for nobody, reaping included
+	}
 	reaped, n, err := m.cfg.Store.ReapReplicas(ctx, m.cfg.Grace, m.cfg.Clock.Now())
 	if err != nil {
 		m.cfg.Log.Warn("cluster: could not reap lapsed replicas", "err", err)
