@@ -100,8 +100,8 @@ func newVictim(t *testing.T, heartbeat, grace time.Duration) *victim {
 	v.wait = startWait(t, api, v.app, v.lease.LeaseToken, map[string]any{"name": "exec",
 		"params": map[string]any{"argv": []string{"sleep", "60"}}, "timeout_ms": 120000})
 	require.NotEmpty(t, v.wait.id, "X-Command-Id names the command once it is durable")
-	// The agent acknowledges once `sleep` runs: the command is truly in the
-	// middle of its work.
+	// Acknowledged: the agent took the command (TestAgentKilledMidCommand
+	// also waits for its program to run).
 	ok = rig.PollUntil(context.Background(), 30*time.Second, 10*time.Millisecond, func() bool {
 		rec, ans := api.Read(context.Background(), v.app, victimUser, v.wait.id)
 		return ans.Status == 200 && rec.Status == cheetah.StatusAcknowledged
@@ -179,7 +179,13 @@ func TestAgentKilledMidCommand(t *testing.T) {
 	t.Parallel()
 	const hb, grace = time.Second, 3 * time.Second
 	v := newVictim(t, hb, grace)
-	programs := v.agent.Descendants()
+	// The agent acknowledges a command when it takes it, before its
+	// program starts: wait for the program.
+	var programs []int
+	rig.PollUntil(context.Background(), 30*time.Second, 10*time.Millisecond, func() bool {
+		programs = v.agent.Descendants()
+		return len(programs) > 0
+	})
 	require.NotEmpty(t, programs, "sleep runs under the agent")
 	killed := time.Now()
 	require.NoError(t, v.agent.Signal(syscall.SIGKILL))
