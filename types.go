@@ -115,6 +115,9 @@ type Lease struct {
 	// Held is set while a person holds the context (DESIGN §10): the
 	// lease does not expire meanwhile, and mutations fail held.
 	Held *HoldInfo `json:"held,omitempty"`
+	// RenewOnUse says whether each send renews the lease (the acquire's
+	// renew_on_use, true unless it said false).
+	RenewOnUse bool `json:"renew_on_use"`
 }
 
 // ContextSnapshot describes one context as the registry sees it now.

@@ -109,6 +109,7 @@ func (l *lease) view(token string) cheetah.Lease {
 		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
 		ClientType: w.client.typ, TaskID: l.taskID, Epoch: l.epoch,
 		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
+		RenewOnUse: l.renewOnUse,
 	}
 	l.placement.describe(&v)
 	if h := w.hold; h != nil {

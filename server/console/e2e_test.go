@@ -36,7 +36,7 @@ var shotW, shotH = 64, 40
 
 // startAgent runs a console agent of e2eUser whose "shoot" command reports
 // progress, an event and a PNG capture before its result.
-func startAgent(t *testing.T, br *broker) {
+func startAgent(t *testing.T, br *broker) *agent.Agent {
 	t.Helper()
 	png := testPNG(t, shotW, shotH)
 	a := agent.New(agent.Config{URL: br.url, Token: br.clientKey(t, e2eUser), ClientID: e2eAgent,
@@ -62,6 +62,7 @@ func startAgent(t *testing.T, br *broker) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the agent did not connect")
 	}
+	return a
 }
 
 // countdownSeconds reads the lease's remaining time off the page.
@@ -161,7 +162,7 @@ func TestConsoleEndToEnd(t *testing.T) {
 	// reloaded, and nothing polls.
 	p.run("an empty overview", chromedp.WaitVisible(`//main//p[text()="No client has connected yet."]`))
 	reloads := eval[float64](p, `performance.getEntriesByType('navigation').length`)
-	startAgent(t, br)
+	a := startAgent(t, br)
 	p.run("see the agent appear",
 		chromedp.WaitVisible(`//main//td/code[text()="`+e2eAgent+`"]`),
 		chromedp.WaitVisible(`//main//li[contains(@class,"idle")]/span[text()="2"]`),
@@ -256,6 +257,23 @@ func TestConsoleEndToEnd(t *testing.T) {
 		n := countdownSeconds(t, p)
 		return n > 0 && n < first
 	})
+	if !strings.Contains(leaseRow, "on use") {
+		t.Fatalf("the lease row %q does not say it renews on use", leaseRow)
+	}
+	// A person takes the context over: the lease says so, live, and again
+	// when the hold ends.
+	leaseRowNow := func() string {
+		return eval[string](p, `[...document.querySelectorAll('main tbody tr')].find(r => r.textContent.includes('`+e2eTask+`')).textContent`)
+	}
+	if st, err := a.Hold(t.Context(), lease.ContextID, time.Minute); err != nil || st != protocol.HoldActive {
+		t.Fatalf("hold: %v %v", st, err)
+	}
+	eventually(t, 10*time.Second, "the lease to show its hold", func() bool { return strings.Contains(leaseRowNow(), "held (active) since") })
+	p.screenshot("03-leases-held")
+	if _, err := a.Unhold(t.Context(), lease.ContextID); err != nil {
+		t.Fatalf("unhold: %v", err)
+	}
+	eventually(t, 10*time.Second, "the hold to go from the lease", func() bool { return !strings.Contains(leaseRowNow(), "held (") })
 	p.screenshot("03-leases")
 
 	// Revoke it from the page, through the confirmation; the holder's next

@@ -28,6 +28,8 @@ export function render(_r, state) {
     h('span', {}, h('code', {}, l.context_id), ' on ', h('code', {}, l.client_id), ` (${l.client_type})`),
     String(l.epoch),
     `${l.ttl_s} s`,
+    l.renew_on_use ? 'on use' : 'no',
+    l.held ? h('span', { class: 'held' }, `held (${l.held.state}) since `, time(l.held.since)) : '—',
     time(l.expires_at),
     h('span', { class: 'countdown', 'data-expires': l.expires_at, role: 'timer', 'aria-live': 'off' },
       remaining(l.expires_at)),
@@ -36,6 +38,6 @@ export function render(_r, state) {
   ]);
   return h('section', { 'aria-labelledby': 'leases-title' },
     h('h1', { id: 'leases-title' }, 'Leases'),
-    h('p', { class: 'muted' }, 'A send renews its lease unless it was acquired with renew_on_use false; a command in flight keeps it.'),
-    table('Active leases', ['Task', 'User', 'Context', 'Epoch', 'TTL', 'Expires at', 'Remaining', ''], rows, 'No active leases.'));
+    h('p', { class: 'muted' }, 'A send renews its lease when it renews on use; a command in flight, or a person holding the context, keeps it.'),
+    table('Active leases', ['Task', 'User', 'Context', 'Epoch', 'TTL', 'Renews', 'Held', 'Expires at', 'Remaining', ''], rows, 'No active leases.'));
 }
