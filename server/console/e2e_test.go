@@ -62,6 +62,12 @@ func startAgent(t *testing.T, br *broker) *agent.Agent {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the agent did not connect")
 	}
+	// Connected says its report was sent; the broker applies it soon after.
+	eventually(t, 20*time.Second, "the agent's flows to be available", func() bool {
+		var avail struct{ Contexts []cheetah.ContextSnapshot }
+		st, _ := br.api(t, adminKey, http.MethodGet, "/api/v1/users/"+e2eUser+"/contexts/available", nil, nil, &avail)
+		return st == http.StatusOK && len(avail.Contexts) == 2
+	})
 	return a
 }
 
