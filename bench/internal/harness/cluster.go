@@ -17,7 +17,9 @@ const (
 	peerOtherReplica = "round trip, caller on another replica"
 )
 
-func peerReplicas(n int) string { return fmt.Sprintf("%s on PostgreSQL, over HTTP", report.Count(n, "replica")) }
+func peerReplicas(n int) string {
+	return fmt.Sprintf("%s on PostgreSQL, over HTTP", report.Count(n, "replica"))
+}
 
 // cluster is scenario 6: replicas on one PostgreSQL (docs/cluster.md). The
 // round trip through another replica against the same-replica one, and
@@ -138,13 +140,9 @@ func (e *env) replicaThroughput(n int) runner {
 		if err := waitIdleRemote(ctx, mgrs[0], c.ThroughputContexts); err != nil {
 			return nil, cleanup, err
 		}
-		handles := make([]*cheetah.Handle, c.ThroughputContexts)
-		for i := range handles {
-			h, err := mgrs[i%n].Acquire(ctx, cheetah.AcquireRequest{UserID: broker.User, TaskID: fmt.Sprintf("tp-%d", i), ClientType: cheetah.Console})
-			if err != nil {
-				return nil, cleanup, fmt.Errorf("acquire %d: %w", i, err)
-			}
-			handles[i] = h
+		handles, err := acquireHandles(ctx, c.ThroughputContexts, func(i int) *cheetah.Manager { return mgrs[i%n] })
+		if err != nil {
+			return nil, cleanup, err
 		}
 		cmd := cheetah.Command{Name: "echo", Params: json.RawMessage(e.payload)}
 		op := func(ctx context.Context, w int) error { return sendAndWait(ctx, handles[w], cmd) }

@@ -126,13 +126,9 @@ func (e *env) cheetahThroughput(store broker.Store) runner {
 			return nil, cleanup, err
 		}
 		mgr := b.Manager()
-		handles := make([]*cheetah.Handle, c.ThroughputContexts)
-		for i := range handles {
-			h, err := mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: broker.User, TaskID: fmt.Sprintf("tp-%d", i), ClientType: cheetah.Console})
-			if err != nil {
-				return nil, cleanup, fmt.Errorf("acquire %d: %w", i, err)
-			}
-			handles[i] = h
+		handles, err := acquireHandles(ctx, c.ThroughputContexts, func(int) *cheetah.Manager { return mgr })
+		if err != nil {
+			return nil, cleanup, err
 		}
 		cmd := cheetah.Command{Name: "echo", Params: json.RawMessage(e.payload)}
 		op := func(ctx context.Context, w int) error { return sendAndWait(ctx, handles[w], cmd) }
@@ -152,4 +148,18 @@ func (e *env) cheetahThroughput(store broker.Store) runner {
 			return out, err
 		}, cleanup, nil
 	}
+}
+
+// acquireHandles acquires n console contexts of the bench user, the i-th
+// through manager(i), one task each.
+func acquireHandles(ctx context.Context, n int, manager func(i int) *cheetah.Manager) ([]*cheetah.Handle, error) {
+	handles := make([]*cheetah.Handle, n)
+	for i := range handles {
+		h, err := manager(i).Acquire(ctx, cheetah.AcquireRequest{UserID: broker.User, TaskID: fmt.Sprintf("tp-%d", i), ClientType: cheetah.Console})
+		if err != nil {
+			return nil, fmt.Errorf("acquire %d: %w", i, err)
+		}
+		handles[i] = h
+	}
+	return handles, nil
 }
