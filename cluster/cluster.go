@@ -311,6 +311,10 @@ func (m *Member) loop() {
 func (m *Member) tick() {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Interval)
 	defer cancel()
+	// A row that may have lapsed since the last check fences the replica
+	// even if this renewal succeeds: meanwhile it refused its clients'
+	// hand-overs elsewhere, so what it holds may be held twice.
+	m.fence()
 	t0 := m.cfg.Clock.Now()
 	ok, err := m.cfg.Store.RenewReplica(ctx, m.cfg.ID, m.cfg.TTL)
 	if err != nil {
@@ -380,6 +384,10 @@ func (m *Member) maintain() {
 		m.cfg.AfterTick(ctx)
 	}
 }
+
+// Refresh reads the live replicas now rather than at the next tick: a
+// replica that knows others joined since it did need not wait to see them.
+func (m *Member) Refresh(ctx context.Context) { m.look(ctx) }
 
 // look reads the live replicas.
 func (m *Member) look(ctx context.Context) {

@@ -140,6 +140,69 @@ func TestCutOffReplicaFencesBeforeItIsReaped(t *testing.T) {
 	require.Eventually(t, cut.Valid, guard, 10*time.Millisecond)
 }
 
+// waitingClock is a fake clock that tells when a loop waits on one of its
+// tickers: Chan is called as a select begins, after whatever the loop did
+// before it.
+type waitingClock struct {
+	*clockwork.FakeClock
+	mu      sync.Mutex
+	waiting map[*waitingTicker]int
+}
+
+type waitingTicker struct {
+	clockwork.Ticker
+	c *waitingClock
+}
+
+func (c *waitingClock) NewTicker(d time.Duration) clockwork.Ticker {
+	return &waitingTicker{Ticker: c.FakeClock.NewTicker(d), c: c}
+}
+
+func (t *waitingTicker) Chan() <-chan time.Time {
+	t.c.mu.Lock()
+	t.c.waiting[t]++
+	t.c.mu.Unlock()
+	return t.Ticker.Chan()
+}
+
+// waits reports whether n tickers were each waited on at least once.
+func (c *waitingClock) waits(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiting) >= n
+}
+
+// A row that lapsed between two renewals fences the replica even when the
+// next renewal succeeds: while it was unsure it refused the hand-overs of
+// clients that moved on, so it gives up what it held before acting again.
+func TestLapseBetweenRenewalsFences(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewPostgres(t)
+	store := historytest.Beside(t, base, historytest.Replica("lapse001"))
+	clock := &waitingClock{FakeClock: clockwork.NewFakeClock(), waiting: map[*waitingTicker]int{}}
+	fenced := make(chan struct{}, 8)
+	m, err := cluster.Join(context.Background(), cluster.Config{Store: store, ID: "lapse001", Clock: clock,
+		TTL: 5 * time.Second, Interval: time.Second, OnFenced: func() { fenced <- struct{}{} }})
+	require.NoError(t, err)
+	rec := inFlight(t, store)
+	m.Start()
+	t.Cleanup(func() { require.NoError(t, m.Stop(context.Background())) })
+
+	// Both loops wait for their first tick; the next renewal comes after
+	// the row may have lapsed (a stalled process, a slow database).
+	require.Eventually(t, func() bool { return clock.waits(2) }, guard, time.Millisecond)
+	require.True(t, m.Valid())
+	clock.Advance(6 * time.Second)
+	select {
+	case <-fenced:
+	case <-time.After(guard):
+		t.Fatal("the replica acted on after its row may have lapsed")
+	}
+	require.Eventually(t, func() bool { return status(t, base, rec) == cheetah.StatusInterrupted }, guard, 10*time.Millisecond,
+		"what it held is given up before it acts again")
+	require.Eventually(t, m.Valid, guard, 10*time.Millisecond)
+}
+
 // Requests between replicas are signed with the secret they share through
 // the database; a signature from elsewhere, an altered request or an old
 // one does not hold.

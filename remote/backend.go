@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -236,6 +237,12 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		if ctx.Err() != nil {
 			return cancelled(id, trace)
 		}
+		if id != "" && lease.UserID != "" {
+			// The command was admitted and its answer lost on the way (a
+			// proxy cut the request, a replica went away): history tells
+			// its end.
+			return b.awaitEnd(ctx, lease.UserID, id)
+		}
 		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: decode the answer: %w", path, err)
 	}
 	if err := out.Err(); err != nil {
@@ -245,6 +252,40 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		return cheetah.Resolution{}, fmt.Errorf("remote: POST %s: the answer holds no resolution", path)
 	}
 	return *out.Resolution, nil
+}
+
+// awaitEnd reads the command's record until it has ended, backing off from
+// 50 ms to 2 s, and answers with its end as a wait would have.
+func (b *backend) awaitEnd(ctx context.Context, userID, commandID string) (cheetah.Resolution, error) {
+	wait := 50 * time.Millisecond
+	for {
+		rec, err := b.ReadCommand(ctx, userID, commandID)
+		switch {
+		case err == nil && rec.Status.Terminal():
+			return cheetah.Resolution{CommandID: rec.CommandID, TraceID: rec.TraceID, Status: rec.Status, Error: rec.Error}, nil
+		case err != nil && ctx.Err() == nil && !passing(err):
+			return cheetah.Resolution{CommandID: commandID}, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return cheetah.Resolution{CommandID: commandID, TraceID: rec.TraceID, Status: cheetah.StatusCancelled,
+				Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// passing reports whether err may pass if asked again: the broker or the
+// way to it failed, rather than the broker refused.
+func passing(err error) bool {
+	var ue *url.Error
+	var se *StatusError
+	var rl *RateLimitedError
+	return errors.Is(err, cheetah.ErrStoreUnavailable) || errors.As(err, &ue) || errors.As(err, &rl) ||
+		(errors.As(err, &se) && se.StatusCode >= 500)
 }
 
 // Renew extends the lease through /api/v1/lease/renew; ttl zero keeps the

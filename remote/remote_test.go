@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -405,6 +406,45 @@ func TestSendAndWaitCancelClosesTheRequest(t *testing.T) {
 	require.Equal(t, context.DeadlineExceeded, err)
 	require.Equal(t, cheetah.StatusCancelled, res.Status)
 	goneOf(seen())
+}
+
+// A wait whose answer is cut after the broker named the command (a proxy
+// or a replica went away) is answered from the command's record, once it
+// has ended.
+func TestSendAndWaitAnswerCutShortIsReadFromHistory(t *testing.T) {
+	const id = "0190f0f0-0000-7000-8000-000000000001"
+	var reads atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/v1/acquire":
+			w.WriteHeader(201)
+			_, _ = io.WriteString(w, `{"lease":{"lease_token":"tok","user_id":"usr_1"}}`)
+		case "/api/v1/commands/wait":
+			w.Header().Set("X-Command-Id", id)
+			w.Header().Set("X-Trace-Id", "4bf92f3577b34da6a3ce929d0e0e4736")
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, `{"resolution":{"comm`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // the connection drops mid-answer
+		case "/api/v1/users/usr_1/commands/" + id:
+			status := "dispatched"
+			if reads.Add(1) >= 3 {
+				status = "failed"
+			}
+			_, _ = io.WriteString(w, `{"command":{"command_id":"`+id+`","trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","status":"`+
+				status+`","error":{"code":"boom","message":"it broke"}}}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	h, err := remote.New(srv.URL, "k").Acquire(context.Background(), cheetah.AcquireRequest{UserID: "usr_1", TaskID: "t"})
+	require.NoError(t, err)
+	res, err := h.SendAndWait(context.Background(), cheetah.Command{Name: "echo"})
+	require.NoError(t, err)
+	require.Equal(t, cheetah.Resolution{CommandID: id, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Status: cheetah.StatusFailed,
+		Error: &cheetah.ErrorInfo{Code: "boom", Message: "it broke"}}, res)
+	require.EqualValues(t, 3, reads.Load(), "read until it ended")
 }
 
 // TestRateLimitedByTheBroker: a real broker's 429 carries Retry-After.

@@ -270,11 +270,13 @@ func copyHeaders(dst, src http.Header) {
 }
 
 // pass hands the request to peer and copies its answer back as it comes:
-// the early headers of a wait go on at once. Should the peer go away in
-// the middle of a wait, the command it admitted is named by those headers,
-// and the answer is its end as history tells it (interrupted, once the
-// survivors mark it), as one node answers a wait whose command was
-// interrupted.
+// the early headers of a wait go on at once. A wait's answer (a small
+// resolution) is read whole before it is passed on, so that should the
+// peer go away in the middle of it, the command its headers named is
+// answered as history tells its end (interrupted, once the survivors mark
+// it), as one node answers a wait whose command was interrupted. Any other
+// answer cut short is cut short for the caller too: its connection is
+// dropped, never ended as if the answer were whole.
 func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 	ctx := c.Request.Context()
 	req, err := http.NewRequestWithContext(ctx, c.Request.Method, p.URL+c.Request.URL.RequestURI(), c.Request.Body)
@@ -302,31 +304,38 @@ func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 	copyHeaders(c.Writer.Header(), resp.Header)
 	c.Writer.WriteHeader(resp.StatusCode)
 	c.Writer.Flush()
-	n, err := io.Copy(c.Writer, resp.Body)
-	if err == nil || ctx.Err() != nil || n > 0 {
-		return
-	}
-	s.log.Warn("cluster: a replica went away in the middle of an answer", "replica", p.ID, "err", err)
 	if id := resp.Header.Get("X-Command-Id"); id != "" && resp.StatusCode == http.StatusOK {
-		s.awaitEnd(c, id)
+		answer, err := io.ReadAll(io.LimitReader(resp.Body, maxWaitAnswer))
+		switch {
+		case err == nil:
+			_, _ = c.Writer.Write(answer)
+		case ctx.Err() == nil:
+			s.log.Warn("cluster: a replica went away before it answered a wait", "replica", p.ID, "err", err)
+			s.awaitEnd(c, id)
+		}
 		return
 	}
-	s.fail(c, errPeerGone)
+	if _, err := io.Copy(c.Writer, resp.Body); err != nil && ctx.Err() == nil {
+		s.log.Warn("cluster: a replica went away in the middle of an answer", "replica", p.ID, "err", err)
+		panic(http.ErrAbortHandler)
+	}
 }
+
+// maxWaitAnswer bounds the answer of a wait read from another replica: a
+// resolution, with its error's details.
+const maxWaitAnswer = 1 << 20
 
 var errPeerGone = cheetah.StoreUnavailable("cluster", errors.New("the replica that holds this client did not answer"))
 
-// awaitEndFor bounds awaitEnd: the survivors mark a lost replica's commands
-// within its TTL and their grace, which this is well beyond.
-const awaitEndFor = time.Minute
-
 // awaitEnd answers a wait whose replica went away with its command's end,
-// once history has it.
+// once history has it: the survivors mark a lost replica's commands within
+// its TTL and their grace; a replica that only this one lost sight of ends
+// the command by its timeout at the latest. The answer's 200 went already,
+// so a failure is an error envelope in its body, as a wait's own is.
 func (s *Server) awaitEnd(c *gin.Context, commandID string) {
-	ctx, cancel := context.WithTimeout(c.Request.Context(), awaitEndFor)
+	ctx, cancel := context.WithTimeout(c.Request.Context(), cheetah.MaxCommandTimeout+time.Minute)
 	defer cancel()
-	tick := s.cfg.Clock.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	wait := 100 * time.Millisecond
 	for {
 		if ref, err := s.store.Lookup(ctx, commandID); err == nil && ref.Status.Terminal() {
 			if rec, err := s.store.Get(ctx, ref.UserID, commandID); err == nil {
@@ -341,8 +350,9 @@ func (s *Server) awaitEnd(c *gin.Context, commandID string) {
 				s.fail(c, errPeerGone)
 			}
 			return
-		case <-tick.Chan():
+		case <-s.cfg.Clock.After(wait):
 		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 

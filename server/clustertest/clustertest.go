@@ -78,6 +78,9 @@ func Start(tb testing.TB, n int, opts func(*server.Options)) []*Replica {
 		})
 		rs[i] = &Replica{Broker: b, URL: hs.URL, Link: link}
 	}
+	for _, r := range rs {
+		r.Broker.Cluster.Refresh(context.Background())
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for _, r := range rs {
 		for len(r.Broker.Cluster.Peers()) != n-1 {
