@@ -84,3 +84,23 @@ func doneReleased(s *suite) {
 	require.True(s.t, s.env.Revoke(userA, "agent-1", "flow-1"))
 	s.requireDone(h2, time.Now(), cheetah.LostRevoked)
 }
+
+// A client that does not come back within the reconnect grace takes its
+// contexts with it: Done closes with context_gone once the grace ran out.
+func doneClientGone(s *suite) {
+	if s.env.ReconnectGrace <= 0 || s.env.ReconnectGrace > guard/2 {
+		s.t.Fatalf("Env.ReconnectGrace is %s: set it to the broker's, a few seconds", s.env.ReconnectGrace)
+	}
+	c := s.raw(userA, "raw-1", worker("c1"))
+	h := s.watched(cheetah.AcquireRequest{TaskID: "t"})
+	require.Equal(s.t, "c1", h.ContextID())
+	time.Sleep(100 * time.Millisecond) // the watch is in place: the poll went out
+	c.conn.CloseNow()
+	gone := time.Now()
+	select {
+	case <-h.Done():
+		s.t.Fatalf("Done closed within the grace: %v", h.Err())
+	case <-time.After(s.env.ReconnectGrace / 2):
+	}
+	s.requireDone(h, gone.Add(s.env.ReconnectGrace), cheetah.LostContextGone)
+}

@@ -11,6 +11,7 @@ package sdktest
 import (
 	"context"
 	"testing"
+	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 )
@@ -40,6 +41,10 @@ type Env struct {
 	// the implementation's backend does for a handle. No Handle can carry a
 	// token the broker never issued, so this is how unknown_lease is reached.
 	SendToken func(ctx context.Context, token string) error
+	// ReconnectGrace is the broker's reconnect grace: how long the leases
+	// of a client whose connection dropped survive. Set it short (seconds):
+	// a scenario waits it out.
+	ReconnectGrace time.Duration
 	// Skip names scenarios this implementation does not pass yet, each with
 	// the known bug that explains why. Run skips them and reports the reason;
 	// delete the entry with the fix.

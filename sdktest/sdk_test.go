@@ -59,6 +59,7 @@ func TestSDK(t *testing.T) {
 		sdktest.Run(t, func(t *testing.T) *sdktest.Env {
 			rs := clustertest.Start(t, 3, func(o *server.Options) {
 				o.MaxBodyBytes = 5 << 20
+				o.ReconnectGrace = sdkGrace
 				// Not a test of fencing: a TTL no stall of a loaded machine
 				// outlasts, so no replica fences in the middle of a case.
 				o.ReplicaTTL = 15 * time.Second
@@ -69,8 +70,9 @@ func TestSDK(t *testing.T) {
 			admin := remote.NewClient(lb, clustertest.AdminKey)
 			c := remote.NewClient(lb, key)
 			return &sdktest.Env{
-				Manager: remote.New(lb, key),
-				URL:     lb,
+				Manager:        remote.New(lb, key),
+				URL:            lb,
+				ReconnectGrace: sdkGrace,
 				ClientKey: func(t *testing.T, userID string) string {
 					return makeKey(t, b, auth.Client, userID)
 				},
@@ -118,6 +120,10 @@ var (
 	clusterKnown   = map[string]string{}
 )
 
+// sdkGrace is every broker's reconnect grace here: long enough for a
+// scenario to use a lease whose client is away, short enough to wait out.
+const sdkGrace = 3 * time.Second
+
 // brokerEnv opens a broker on a fresh SQLite file, serves it, and fills the
 // Env's hooks; the caller sets the Manager.
 func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
@@ -126,7 +132,7 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 	// The HTTP body limit is set to hold the largest command frame, so both
 	// implementations meet the same limit (the broker's default body limit,
 	// 1 MiB, is lower than its frame limit: see docs/behaviour.md).
-	b, err := server.Open(ctx, server.Options{DataDir: t.TempDir(), MaxBodyBytes: 5 << 20})
+	b, err := server.Open(ctx, server.Options{DataDir: t.TempDir(), MaxBodyBytes: 5 << 20, ReconnectGrace: sdkGrace})
 	require.NoError(t, err)
 	hs := httptest.NewServer(b.Server.Handler())
 	t.Cleanup(func() {
@@ -136,7 +142,8 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 		hs.Close()
 	})
 	return b, &sdktest.Env{
-		URL: hs.URL,
+		URL:            hs.URL,
+		ReconnectGrace: sdkGrace,
 		ClientKey: func(t *testing.T, userID string) string {
 			return makeKey(t, b, auth.Client, userID)
 		},

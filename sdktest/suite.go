@@ -96,6 +96,7 @@ var scenarios = []scenario{
 	{"DoneExpired", doneExpired},
 	{"DoneContextGone", doneContextGone},
 	{"DoneReleased", doneReleased},
+	{"DoneClientGone", doneClientGone},
 }
 
 // ---- helpers ----

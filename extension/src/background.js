@@ -13,7 +13,7 @@ import { Connection } from './lib/connection.js';
 import { Creations } from './lib/create.js';
 import { EFFECTS } from './lib/commands.js';
 import { Executor, commandTab } from './lib/executor.js';
-import { Holds, holdBadge } from './lib/holds.js';
+import { DEFAULT_HOLD_MINUTES, Holds, PAGE_ACTION_COMMAND, PAGE_ACTION_MENU, holdBadge, pageAction } from './lib/holds.js';
 import { Marks } from './lib/marks.js';
 import { DEFAULT_POOL_SIZE, buildReport, checkPoolSize, planPool, reportKey } from './lib/pool.js';
 import { newClientId, normalizeBrokerURL, stateFrame, tabIdForContext } from './lib/protocol.js';
@@ -95,7 +95,7 @@ const ready = init().catch((e) => {
 });
 const whenReady = (fn) => (...args) => ready.then(() => fn(...args)).catch((e) => console.error('[cheetah]', e));
 
-chrome.runtime.onInstalled.addListener(whenReady(() => {}));
+chrome.runtime.onInstalled.addListener(whenReady(createPageAction));
 chrome.runtime.onStartup.addListener(whenReady(() => {}));
 chrome.alarms.onAlarm.addListener(whenReady(onAlarm));
 chrome.tabs.onUpdated.addListener(whenReady(onTabUpdated));
@@ -104,6 +104,14 @@ chrome.tabs.onReplaced.addListener(whenReady(onTabReplaced));
 chrome.tabs.onCreated.addListener(whenReady(onTabCreated));
 chrome.webNavigation.onCreatedNavigationTarget.addListener(whenReady((d) => adoptChild(d.tabId, d.sourceTabId, d.url)));
 chrome.storage.onChanged.addListener(whenReady(onStorageChanged));
+chrome.tabs.onActivated.addListener(whenReady(renderPageAction));
+chrome.windows.onFocusChanged.addListener(whenReady(renderPageAction));
+chrome.contextMenus.onClicked.addListener(whenReady((info, tab) => {
+  if (info.menuItemId === PAGE_ACTION_MENU && tab) togglePageAction(tab.id);
+}));
+chrome.commands.onCommand.addListener(whenReady((command, tab) => {
+  if (command === PAGE_ACTION_COMMAND && tab) togglePageAction(tab.id);
+}));
 chrome.runtime.onMessage.addListener((msg, _sender, sendResponse) => {
   ready.then(() => onMessage(msg)).then(sendResponse, (e) => sendResponse({ error: String(e?.message ?? e) }));
   return true; // the answer comes asynchronously
@@ -582,6 +590,7 @@ function publishStatus() {
   if (st.statusTimer !== null) return;
   st.statusTimer = setTimeout(() => {
     st.statusTimer = null;
+    renderPageAction();
     if (!st.config) return;
     chrome.storage.session.set({ status: statusSnapshot() }).catch(() => {});
   }, 50);
@@ -645,4 +654,46 @@ function renderHoldMark(tabId) {
   quietly(() => chrome.action.setBadgeBackgroundColor({ tabId, color: b.color }));
   quietly(() => chrome.action.setTitle({ tabId, title: b.title }));
   return true;
+}
+
+// ---- the page action: Take control / Give back from the tab itself
+//
+// The page's context menu has one item, and Alt+Shift+H the same effect,
+// on the tab in front: what pageAction offers there. Chrome keeps menu
+// items across worker restarts, so the item is made once, at install; it
+// is redrawn for the active tab whenever the status is published and when
+// the person switches tabs or windows.
+
+/** createPageAction makes the context-menu item (hidden until a worker tab is in front). */
+function createPageAction() {
+  chrome.contextMenus.removeAll(() => {
+    chrome.contextMenus.create({ id: PAGE_ACTION_MENU, title: pageAction({ worker: false }).title,
+      contexts: ['page', 'frame', 'selection', 'link', 'image', 'editable'], visible: false }, () => void chrome.runtime.lastError);
+    renderPageAction();
+  });
+}
+
+/** pageActionOn is what the page action offers on tabId now. */
+function pageActionOn(tabId) {
+  return pageAction({ worker: st.workers.has(tabId), held: st.holds.get(tabId), connected: conn.state === 'connected' });
+}
+
+/** renderPageAction shows the context-menu item as the tab in front calls for. */
+async function renderPageAction() {
+  let tab;
+  try {
+    [tab] = await chrome.tabs.query({ active: true, lastFocusedWindow: true });
+  } catch {
+    return;
+  }
+  const a = pageActionOn(tab?.id);
+  quietly(() => chrome.contextMenus.update(PAGE_ACTION_MENU, { visible: a.visible, enabled: a.enabled, title: a.title }));
+}
+
+/** togglePageAction takes control of tabId, or gives it back. */
+function togglePageAction(tabId) {
+  const a = pageActionOn(tabId);
+  const res = a.action === 'hold' ? takeControl(tabId, DEFAULT_HOLD_MINUTES) : a.action === 'unhold' ? giveBack(tabId) : null;
+  if (res?.error) log('page action', tabId, res.error);
+  renderPageAction();
 }

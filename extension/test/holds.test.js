@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Holds, holdBadge, holdLabel } from '../src/lib/holds.js';
+import { Holds, holdBadge, holdLabel, pageAction } from '../src/lib/holds.js';
 
 test('a hold goes asked, pending, active, ended', () => {
   const h = new Holds();
@@ -28,4 +28,21 @@ test('the timer is clamped, and a second take keeps the state', () => {
   h.take(1, 2);
   assert.equal(h.get(1).state, 'active');
   assert.deepEqual(h.clear(), [1]);
+});
+
+test('the page action offers Take control on a worker tab, Give back on a held one, nothing elsewhere', () => {
+  assert.deepEqual(pageAction({ worker: false, held: null, connected: true }).visible, false);
+  assert.equal(pageAction({ worker: false, held: null, connected: true }).action, null);
+  const take = pageAction({ worker: true, held: null, connected: true });
+  assert.equal(take.visible, true);
+  assert.equal(take.enabled, true);
+  assert.equal(take.action, 'hold');
+  assert.match(take.title, /take control/);
+  const away = pageAction({ worker: true, held: null, connected: false });
+  assert.equal(away.enabled, false, 'a hold is the broker\'s: nothing to take while it is away');
+  assert.equal(away.action, null);
+  const give = pageAction({ worker: true, held: { state: 'pending' }, connected: false });
+  assert.equal(give.action, 'unhold', 'a give-back is never out of reach');
+  assert.equal(give.enabled, true);
+  assert.match(give.title, /give this tab back/);
 });

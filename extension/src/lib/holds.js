@@ -1,5 +1,6 @@
 // Human control (DESIGN §10): a person takes over a worker tab from the
-// popup ("Take control") and gives it back ("Give back"). While the hold
+// popup ("Take control") and gives it back ("Give back"), or from the tab
+// itself: the page action (the page's context menu, or Alt+Shift+H). While the hold
 // lasts the broker refuses applications' mutations on the tab (held) and
 // lets observations through. Pure, so it is tested in Node; background.js
 // wires it to Chrome and the connection.
@@ -65,4 +66,22 @@ export function holdLabel(h, now = Date.now()) {
   const left = h.until ? Math.max(0, Math.ceil((h.until - now) / 60000)) : null;
   const what = h.state === 'active' ? 'you drive it' : 'taking control…';
   return left === null ? what : `${what} (${left} min left)`;
+}
+
+/** PAGE_ACTION_MENU is the id of the page action's context-menu item. */
+export const PAGE_ACTION_MENU = 'cheetah-control';
+/** PAGE_ACTION_COMMAND is the manifest command (a keyboard shortcut) of the page action. */
+export const PAGE_ACTION_COMMAND = 'toggle-control';
+
+/**
+ * pageAction is what the page action offers on a tab: Take control on a
+ * worker tab nobody holds (disabled while the broker is away: a hold is
+ * the broker's), Give back on a tab the person holds (always: a give-back
+ * must never be out of reach), and nothing on any other tab.
+ */
+export function pageAction({ worker, held, connected }) {
+  if (!worker) return { visible: false, enabled: false, action: null, title: 'Cheetah: take control of this tab' };
+  if (held) return { visible: true, enabled: true, action: 'unhold', title: 'Cheetah: give this tab back to automation' };
+  return { visible: true, enabled: Boolean(connected), action: connected ? 'hold' : null,
+    title: connected ? 'Cheetah: take control of this tab' : 'Cheetah: take control of this tab (not connected to the broker)' };
 }
