@@ -25,6 +25,7 @@ type AcquireBody struct {
 	// LeaseWebhook receives lease.lost (AcquireRequest.LeaseWebhook).
 	LeaseWebhook string `json:"lease_webhook,omitempty"`
 	TenantID     string `json:"tenant_id,omitempty"`
+	ClearState   bool   `json:"clear_state,omitempty"`
 }
 
 // CreateBody is the create member of an acquire body.

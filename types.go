@@ -118,6 +118,9 @@ type Lease struct {
 	// RenewOnUse says whether each send renews the lease (the acquire's
 	// renew_on_use, true unless it said false).
 	RenewOnUse bool `json:"renew_on_use"`
+	// ClearState says the context is cleared when the lease begins and
+	// ends (the acquire's clear_state).
+	ClearState bool `json:"clear_state,omitempty"`
 }
 
 // ContextSnapshot describes one context as the registry sees it now.
@@ -182,6 +185,11 @@ type AcquireRequest struct {
 	// process). The HTTP API fills it from the requesting key.
 	LeaseWebhook      string `json:"lease_webhook,omitempty"`
 	LeaseWebhookKeyID string `json:"-"`
+	// ClearState asks for a clean slate: the client clears the context's
+	// state (a browser tab's cookies and storage for the sites it visited,
+	// its page) before the lease's first command and again when the lease
+	// ends, however it ends. A console flow holds no such state.
+	ClearState bool `json:"clear_state,omitempty"`
 }
 
 // CreateSpec is an acquire's request to open a context on demand.

@@ -27,7 +27,7 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 
 	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 	row := history.PutLease{TokenDigest: sha256.Sum256([]byte("token-1")), UserID: "u1", ClientID: "c1", ContextID: "x1",
-		TaskID: "t1", Epoch: 7, TTL: time.Minute, RenewOnUse: true, ExpiresAt: expires}
+		TaskID: "t1", Epoch: 7, TTL: time.Minute, RenewOnUse: true, ClearState: true, ExpiresAt: expires}
 	row.Kind = history.LeaseNew
 	require.NoError(t, a.Write(ctx, row))
 	gone := history.PutLease{Kind: history.LeaseNew, TokenDigest: sha256.Sum256([]byte("token-2")), UserID: "u1", ClientID: "c1", ContextID: "x2",
@@ -87,6 +87,7 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.Equal(t, "x1", got.ContextID)
 	require.Equal(t, time.Minute, got.TTL)
 	require.True(t, got.RenewOnUse)
+	require.True(t, got.ClearState, "the adopter clears the context when the lease ends, as its first holder would have")
 
 	// A adopts it: no orphan is left.
 	got.Kind = history.LeaseClaim

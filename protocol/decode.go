@@ -184,10 +184,11 @@ func decodeSlow(b []byte) (Frame, error) {
 		f = &Cancel{CommandID: top.str("command_id", true), Reason: top.str("reason", false)}
 	case TypeAssignment:
 		f = &Assignment{
-			ContextID: top.str("context_id", true),
-			TaskID:    top.str("task_id", true),
-			Epoch:     top.int("epoch", true, 64),
-			State:     AssignmentState(top.str("state", true)),
+			ContextID:  top.str("context_id", true),
+			TaskID:     top.str("task_id", true),
+			Epoch:      top.int("epoch", true, 64),
+			State:      AssignmentState(top.str("state", true)),
+			ClearState: top.flag("clear_state"),
 		}
 	case TypePong:
 		f = &Pong{}
@@ -312,6 +313,19 @@ func (r *fields) str(name string, required bool) string {
 		return ""
 	}
 	return s
+}
+
+// flag reads an optional boolean: absent or null is false.
+func (r *fields) flag(name string) bool {
+	v := r.lookup(name, false)
+	switch string(v) {
+	case "", "false":
+		return false
+	case "true":
+		return true
+	}
+	r.fail(name, "must be true or false")
+	return false
 }
 
 // int reads an integer that fits in bitSize bits. JSON has a single number

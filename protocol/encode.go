@@ -112,6 +112,14 @@ func (w *writer) optStr(name, v string) {
 	}
 }
 
+// optTrue writes a boolean member that is omitted when false.
+func (w *writer) optTrue(name string, v bool) {
+	if v {
+		w.key(name)
+		w.buf = append(w.buf, "true"...)
+	}
+}
+
 func (w *writer) int(name string, v int64) {
 	w.key(name)
 	w.buf = strconv.AppendInt(w.buf, v, 10)
@@ -327,6 +335,7 @@ func (f *Assignment) encode(w *writer) {
 	w.str("task_id", f.TaskID)
 	w.int("epoch", f.Epoch)
 	w.str("state", string(f.State))
+	w.optTrue("clear_state", f.ClearState)
 }
 
 func (*Pong) encode(*writer) {}

@@ -39,6 +39,7 @@ const (
 	fMessage
 	fState
 	fReason
+	fClearState
 	nFields
 )
 
@@ -78,6 +79,8 @@ func fieldIndex(name []byte) int {
 		return fState
 	case "reason":
 		return fReason
+	case "clear_state":
+		return fClearState
 	}
 	return -1
 }
@@ -204,10 +207,11 @@ func decodeFast(b []byte) (Frame, bool) {
 		f = &Cancel{CommandID: ff.str(fCommandID, true), Reason: ff.str(fReason, false)}
 	case TypeAssignment:
 		f = &Assignment{
-			ContextID: ff.str(fContextID, true),
-			TaskID:    ff.str(fTaskID, true),
-			Epoch:     ff.int(fEpoch, true, 64),
-			State:     AssignmentState(ff.str(fState, true)),
+			ContextID:  ff.str(fContextID, true),
+			TaskID:     ff.str(fTaskID, true),
+			Epoch:      ff.int(fEpoch, true, 64),
+			State:      AssignmentState(ff.str(fState, true)),
+			ClearState: ff.flag(fClearState),
 		}
 	default:
 		return nil, false
@@ -262,6 +266,19 @@ func (ff *fastFrame) str(i int, required bool) string {
 		return ""
 	}
 	return s
+}
+
+// flag reads an optional boolean; anything but true, false or null is the
+// general decoder's to refuse.
+func (ff *fastFrame) flag(i int) bool {
+	switch v := ff.present(i, false); string(v) {
+	case "", "false":
+		return false
+	case "true":
+		return true
+	}
+	ff.ok = false
+	return false
 }
 
 func (ff *fastFrame) int(i int, required bool, bitSize int) int64 {

@@ -309,6 +309,12 @@ type Assignment struct {
 	TaskID    string          `json:"task_id"`
 	Epoch     int64           `json:"epoch"`
 	State     AssignmentState `json:"state"`
+	// ClearState, on the assignment that begins a lease and on the one that
+	// ends it, asks the client to clear the context's state (a tab's
+	// cookies and storage for the sites it visited, its page) before it
+	// runs anything after this frame. It is never set when an assignment is
+	// only told again (a reconnect, a hand-over).
+	ClearState bool `json:"clear_state,omitempty"`
 }
 
 // Pong answers Ping.

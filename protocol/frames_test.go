@@ -320,3 +320,27 @@ func TestHoldBounds(t *testing.T) {
 	_, err := Encode(&Hold{ContextID: "c", TTLSeconds: MaxHoldTTL + 1})
 	require.Error(t, err, "encode checks as decode does")
 }
+
+// clear_state rides on an assignment only when set, and reads back alike on
+// the fast and the general decoder; anything but a boolean is refused.
+func TestAssignmentClearState(t *testing.T) {
+	t.Parallel()
+	a := &Assignment{ContextID: "tab-12", TaskID: "t-42", Epoch: 18, State: AssignmentReleased, ClearState: true}
+	b, err := Encode(a)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"type":"assignment","context_id":"tab-12","task_id":"t-42","epoch":18,"state":"released","clear_state":true}`, string(b))
+	got, err := Decode(b)
+	require.NoError(t, err)
+	require.Equal(t, a, got)
+	fast, ok := decodeFast(b)
+	require.True(t, ok)
+	require.Equal(t, a, fast)
+
+	a.ClearState = false
+	b, err = Encode(a)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "clear_state")
+
+	_, err = Decode([]byte(`{"type":"assignment","context_id":"c","task_id":"t","epoch":1,"state":"assigned","clear_state":"yes"}`))
+	require.ErrorContains(t, err, "clear_state")
+}

@@ -44,6 +44,7 @@ func (b *backend) Acquire(ctx context.Context, req cheetah.AcquireRequest) (chee
 		UserID: req.UserID, TaskID: req.TaskID, ClientType: req.ClientType,
 		ClientID: req.ClientID, Labels: req.Labels, RenewOnUse: req.RenewOnUse,
 		TenantID: req.TenantID, AffinityKey: req.AffinityKey, LeaseWebhook: req.LeaseWebhook,
+		ClearState: req.ClearState,
 	}
 	if c := req.Create; c != nil {
 		body.Create = &cheetah.CreateBody{URL: c.URL}

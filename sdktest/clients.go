@@ -133,6 +133,8 @@ type rawClient struct {
 	done  chan struct{}
 	// creates receives the broker's create_context frames.
 	creates chan *protocol.CreateContext
+	// assignments receives the broker's assignment frames.
+	assignments chan *protocol.Assignment
 }
 
 // raw connects a console client that reports contexts, and waits until the
@@ -152,7 +154,7 @@ func (s *suite) rawRoom(user, clientID string, maxContexts int, contexts ...prot
 	conn, _, err := websocket.Dial(ctx, url, nil)
 	require.NoError(t, err)
 	c := &rawClient{t: t, conn: conn, pongs: make(chan struct{}, 16), done: make(chan struct{}),
-		creates: make(chan *protocol.CreateContext, 16)}
+		creates: make(chan *protocol.CreateContext, 16), assignments: make(chan *protocol.Assignment, 64)}
 	welcome := make(chan error, 1)
 	go c.read(welcome)
 	t.Cleanup(func() {
@@ -202,6 +204,11 @@ func (c *rawClient) read(welcome chan<- error) {
 			c.pongs <- struct{}{}
 		case *protocol.CreateContext:
 			c.creates <- f
+		case *protocol.Assignment:
+			select {
+			case c.assignments <- f:
+			default: // nobody reads them: drop
+			}
 		}
 	}
 }
@@ -235,6 +242,23 @@ func worker(id string) protocol.ContextReport {
 
 func human(id string) protocol.ContextReport {
 	return protocol.ContextReport{ContextID: id, TabID: "tab-" + id, Owner: protocol.OwnerHuman}
+}
+
+// nextAssignment returns the next assignment frame of the given state.
+func (c *rawClient) nextAssignment(state protocol.AssignmentState) *protocol.Assignment {
+	c.t.Helper()
+	deadline := time.After(guard)
+	for {
+		select {
+		case f := <-c.assignments:
+			if f.State == state {
+				return f
+			}
+		case <-deadline:
+			c.t.Fatalf("no %s assignment", state)
+			return nil
+		}
+	}
 }
 
 // nextCreate returns the next create_context the broker sent.

@@ -122,7 +122,7 @@ var (
 
 // sdkGrace is every broker's reconnect grace here: long enough for a
 // scenario to use a lease whose client is away, short enough to wait out.
-const sdkGrace = 3 * time.Second
+const sdkGrace = 5 * time.Second
 
 // brokerEnv opens a broker on a fresh SQLite file, serves it, and fills the
 // Env's hooks; the caller sets the Manager.

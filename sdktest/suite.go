@@ -97,6 +97,7 @@ var scenarios = []scenario{
 	{"DoneContextGone", doneContextGone},
 	{"DoneReleased", doneReleased},
 	{"DoneClientGone", doneClientGone},
+	{"ClearState", clearState},
 }
 
 // ---- helpers ----

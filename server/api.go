@@ -233,7 +233,7 @@ func (s *Server) acquire(c *gin.Context) {
 	}
 	req := cheetah.AcquireRequest{UserID: b.UserID, TaskID: b.TaskID, ClientType: b.ClientType,
 		ClientID: b.ClientID, Labels: b.Labels, RenewOnUse: b.RenewOnUse,
-		TenantID: b.TenantID, AffinityKey: b.AffinityKey}
+		TenantID: b.TenantID, AffinityKey: b.AffinityKey, ClearState: b.ClearState}
 	if b.LeaseWebhook != "" {
 		// Delivered when the lease is lost, signed with the requesting
 		// key's webhook secret, as result deliveries are.

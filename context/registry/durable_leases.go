@@ -22,7 +22,7 @@ import (
 func rowOf(l *lease) history.PutLease {
 	w := l.ctx
 	return history.PutLease{TokenDigest: l.key, UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
-		TaskID: l.taskID, Epoch: l.epoch, TTL: l.ttl, RenewOnUse: l.renewOnUse, ExpiresAt: l.expiresAt}
+		TaskID: l.taskID, Epoch: l.epoch, TTL: l.ttl, RenewOnUse: l.renewOnUse, ClearState: l.clearState, ExpiresAt: l.expiresAt}
 }
 
 // storeNew writes a new lease's row; r.mu is held.
@@ -116,7 +116,7 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 			continue
 		}
 		l := &lease{key: key, ctx: w, taskID: row.TaskID, epoch: row.Epoch, ttl: row.TTL,
-			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, heapIndex: -1}
+			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, clearState: row.ClearState, heapIndex: -1}
 		w.lease = l
 		w.lastEpoch = max(w.lastEpoch, l.epoch)
 		r.leases[key] = l

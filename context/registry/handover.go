@@ -44,6 +44,7 @@ type HandedLease struct {
 	TTL         time.Duration `json:"ttl"`
 	ExpiresAt   time.Time     `json:"expires_at"`
 	RenewOnUse  bool          `json:"renew_on_use"`
+	ClearState  bool          `json:"clear_state,omitempty"`
 	// LeaseWebhook and LeaseWebhookKeyID go with the lease, so that the
 	// replica it moves to delivers its lease.lost.
 	LeaseWebhook      string `json:"lease_webhook,omitempty"`
@@ -76,7 +77,7 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 			LastEpoch: w.lastEpoch}
 		if l := w.lease; l != nil {
 			hc.Lease = &HandedLease{TokenDigest: hex.EncodeToString(l.key[:]), TaskID: l.taskID, Epoch: l.epoch,
-				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse,
+				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse, ClearState: l.clearState,
 				LeaseWebhook: l.webhook, LeaseWebhookKeyID: l.webhookKey}
 			delete(r.leases, l.key)
 			if l.heapIndex >= 0 {
@@ -114,7 +115,7 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 			if b, err := hex.DecodeString(hl.TokenDigest); err == nil && len(b) == len(key) {
 				copy(key[:], b)
 				l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
-					expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, heapIndex: -1,
+					expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, clearState: hl.ClearState, heapIndex: -1,
 					webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID}
 				w.lastEpoch = max(w.lastEpoch, hl.Epoch)
 				w.lease = l

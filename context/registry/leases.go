@@ -23,6 +23,9 @@ type lease struct {
 	ttl        time.Duration
 	expiresAt  time.Time
 	renewOnUse bool
+	// clearState asks the client to clear the context when the lease
+	// begins and when it ends (AcquireRequest.ClearState).
+	clearState bool
 	// preserve counts send_and_wait calls in flight whose callers still wait:
 	// while it is above zero the lease cannot expire (invariant 5).
 	preserve  int
@@ -109,7 +112,7 @@ func (l *lease) view(token string) cheetah.Lease {
 		UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
 		ClientType: w.client.typ, TaskID: l.taskID, Epoch: l.epoch,
 		TTLSeconds: int(l.ttl / time.Second), ExpiresAt: l.expiresAt.UTC(), LeaseToken: token,
-		RenewOnUse: l.renewOnUse,
+		RenewOnUse: l.renewOnUse, ClearState: l.clearState,
 	}
 	l.placement.describe(&v)
 	if h := w.hold; h != nil {
@@ -367,7 +370,7 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	l.ctx, l.taskID, l.epoch, l.ttl = w, req.TaskID, epoch, req.TTL
 	w.lastEpoch = epoch
 	l.expiresAt, l.renewOnUse = now.Add(req.TTL), req.RenewOnUse == nil || *req.RenewOnUse
-	l.webhook, l.webhookKey = req.LeaseWebhook, req.LeaseWebhookKeyID
+	l.webhook, l.webhookKey, l.clearState = req.LeaseWebhook, req.LeaseWebhookKeyID, req.ClearState
 	w.lease = l
 	w.affinityKey = req.AffinityKey
 	r.charge(l)
@@ -375,7 +378,8 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	r.leases[l.key] = l
 	r.pushDeadline(l)
 	r.storeNew(l)
-	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned,
+		ClearState: l.clearState})
 	ev := leaseEvent(LeaseAcquired, l)
 	ev.At = now
 	r.emit(ev)
@@ -401,7 +405,8 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev.LeaseWebhook, ev.LeaseWebhookKeyID = l.webhook, l.webhookKey
 	r.emit(ev)
 	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
-	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason)})
+	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason),
+		ClearState: l.clearState})
 	r.discharge(l) // after the event: a slot it frees goes to the next lease
 	r.refreshIdle(w)
 }

@@ -248,3 +248,40 @@ func TestLostReasons(t *testing.T) {
 		require.Equal(t, cheetah.LostContextGone, lostReason(t, send(e, l)))
 	})
 }
+
+// A lease acquired with clear_state asks its client to clear the context on
+// the assignment that begins it and on the one that ends it, never when an
+// assignment is only told again; a lease without it never asks.
+func TestClearStateAtBothEndsOfALease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t", func(r *cheetah.AcquireRequest) { r.ClearState = true })
+	require.True(t, l.ClearState, "the lease says so")
+	begun := waitFor(t, c.conn, func(a *protocol.Assignment) bool { return a.State == protocol.AssignmentAssigned })
+	require.True(t, begun.ClearState, "cleared before the lease's first command")
+
+	e.reg.Disconnect(c.att)
+	again := newFakeConn()
+	att := e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "a", Type: cheetah.Console}, again)
+	e.reg.Report(att, []protocol.ContextReport{worker("w1")})
+	told := waitFor(t, again, func(a *protocol.Assignment) bool { return a.State == protocol.AssignmentAssigned })
+	require.Equal(t, l.Epoch, told.Epoch)
+	require.False(t, told.ClearState, "a lease told again after a reconnect is not cleared in the middle")
+
+	require.True(t, e.reg.Revoke(user, "a", "w1"))
+	ended := waitFor(t, again, func(a *protocol.Assignment) bool { return a.State == protocol.AssignmentRevoked })
+	require.True(t, ended.ClearState, "cleared when the lease ends, however it ends")
+
+	plain := e.mustAcquire("u")
+	require.False(t, plain.ClearState)
+	require.False(t, waitFor(t, again, func(a *protocol.Assignment) bool {
+		return a.State == protocol.AssignmentAssigned && a.Epoch == plain.Epoch
+	}).ClearState)
+	ok, err := e.reg.Release(context.Background(), plain)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.False(t, waitFor(t, again, func(a *protocol.Assignment) bool {
+		return a.State == protocol.AssignmentReleased && a.Epoch == plain.Epoch
+	}).ClearState)
+}

@@ -1,6 +1,7 @@
 package registry_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -73,6 +74,7 @@ func TestHandOverKeepsLeaseWebhook(t *testing.T) {
 	a.connect("c", cheetah.Console, nil, worker("w1"))
 	l := a.mustAcquire("t", func(r *cheetah.AcquireRequest) {
 		r.LeaseWebhook, r.LeaseWebhookKeyID = "https://example.com/lost", "key_1"
+		r.ClearState = true
 	})
 	ended := make(chan registry.Event, 1)
 	unsub := b.reg.Subscribe(func(ev registry.Event) {
@@ -84,6 +86,10 @@ func TestHandOverKeepsLeaseWebhook(t *testing.T) {
 	h, ok := a.reg.HandOver(user, "c", "b")
 	require.True(t, ok)
 	b.reg.Adopt(user, "c", h)
+	moved, err := b.reg.TaskContexts(context.Background(), user, "t")
+	require.NoError(t, err)
+	require.Len(t, moved, 1)
+	require.True(t, moved[0].ClearState, "clear_state moves with the lease")
 	require.True(t, b.reg.Revoke(user, "c", l.ContextID))
 	ev := <-ended
 	require.Equal(t, "https://example.com/lost", ev.LeaseWebhook)

@@ -482,3 +482,85 @@ func (e *env) noDownloadsLanded() {
 		e.t.Fatalf("%d downloads are listed", n)
 	}
 }
+
+// stepClearState: a lease acquired with clear_state begins on a clean tab
+// and leaves one (cookies, local and session storage of the site it
+// visited); a lease without it finds what the one before left. Affinity
+// keeps the leases on one tab.
+func stepClearState(t *testing.T, e *env, _ *story) {
+	page := e.pages.URL + "/form"
+	type jar struct {
+		Cookies []struct{ Name, Value string } `json:"cookies"`
+	}
+	type items struct {
+		Items map[string]string `json:"items"`
+	}
+	tab := ""
+	lease := func(clear bool) *cheetah.Handle {
+		t.Helper()
+		h, err := e.mgr.Acquire(e.ctx, cheetah.AcquireRequest{UserID: userID, TaskID: "slate", ClientType: cheetah.Browser,
+			AffinityKey: "slate", ClearState: clear})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tab == "" {
+			tab = h.ContextID()
+		} else if h.ContextID() != tab {
+			t.Fatalf("affinity: %s, then %s", tab, h.ContextID())
+		}
+		return h
+	}
+	release := func(h *cheetah.Handle) {
+		t.Helper()
+		if ok, err := e.mgr.Release(e.ctx, h); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+	}
+	leave := func(h *cheetah.Handle) {
+		t.Helper()
+		ok[where](e, h, "navigate", map[string]any{"url": page})
+		ok[map[string]int](e, h, "set_cookies", map[string]any{"cookies": []map[string]any{{"name": "crumb", "value": "1"}}})
+		for _, kind := range []string{"local", "session"} {
+			ok[map[string]any](e, h, "set_storage", map[string]any{"kind": kind, "items": map[string]string{"slate": kind}})
+		}
+	}
+	found := func(h *cheetah.Handle) string {
+		t.Helper()
+		ok[where](e, h, "navigate", map[string]any{"url": page})
+		var got []string
+		for _, c := range ok[jar](e, h, "cookies", nil).Cookies {
+			if c.Name == "crumb" {
+				got = append(got, "cookie")
+			}
+		}
+		for _, kind := range []string{"local", "session"} {
+			if v := ok[items](e, h, "storage", map[string]any{"kind": kind}).Items["slate"]; v != "" {
+				got = append(got, v)
+			}
+		}
+		return strings.Join(got, " ")
+	}
+
+	h := lease(false)
+	leave(h)
+	release(h)
+	h = lease(false)
+	if got := found(h); got != "cookie local session" {
+		t.Fatalf("without clear_state the next lease finds %q", got)
+	}
+	release(h)
+
+	h = lease(true)
+	if got := found(h); got != "" {
+		t.Fatalf("a lease with clear_state begins with %q", got)
+	}
+	leave(h)
+	release(h)
+	h = lease(false)
+	if got := found(h); got != "" {
+		t.Fatalf("a lease with clear_state left %q", got)
+	}
+	ok[map[string]int](e, h, "clear_cookies", nil)
+	release(h)
+	e.available(2, "both tabs idle again")
+}

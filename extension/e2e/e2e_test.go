@@ -52,6 +52,7 @@ func TestExtension(t *testing.T) {
 		{"events, downloads and popups", stepEventsDownloadsPopups},
 		{"service worker restart keeps the lease", stepWorkerRestart},
 		{"release clears the mark", stepRelease},
+		{"clear_state gives each lease a clean slate", stepClearState},
 		{"a dropped connection comes back by itself", stepBrokerDrop},
 		{"an admin disconnect stops it until Reconnect", stepAdminDisconnect},
 		{"close ends the context and the pool refills", stepClose},

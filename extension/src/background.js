@@ -41,6 +41,7 @@ const st = {
   groupId: null,
   marks: new Marks(),
   holds: new Holds(), // human control: see "---- human control" below
+  visited: new Map(), // tabId of a worker → web origins its lease's pages committed (clear_state)
   lastReport: null,
   reportTimer: null,
   statusTimer: null,
@@ -103,6 +104,7 @@ chrome.tabs.onRemoved.addListener(whenReady(onTabRemoved));
 chrome.tabs.onReplaced.addListener(whenReady(onTabReplaced));
 chrome.tabs.onCreated.addListener(whenReady(onTabCreated));
 chrome.webNavigation.onCreatedNavigationTarget.addListener(whenReady((d) => adoptChild(d.tabId, d.sourceTabId, d.url)));
+chrome.webNavigation.onCommitted.addListener(whenReady(onCommitted));
 chrome.storage.onChanged.addListener(whenReady(onStorageChanged));
 chrome.tabs.onActivated.addListener(whenReady(renderPageAction));
 chrome.windows.onFocusChanged.addListener(whenReady(renderPageAction));
@@ -342,6 +344,8 @@ function onFrame(f) {
       break;
     case 'assignment': {
       onCreationAssignment(f);
+      // Before anything after this frame runs on the tab (its queue).
+      if (f.clear_state) clearTab(tabIdForContext(f.context_id));
       const tabId = st.marks.applyAssignment(f);
       if (tabId !== null) {
         renderMark(tabId);
@@ -696,4 +700,46 @@ function togglePageAction(tabId) {
   const res = a.action === 'hold' ? takeControl(tabId, DEFAULT_HOLD_MINUTES) : a.action === 'unhold' ? giveBack(tabId) : null;
   if (res?.error) log('page action', tabId, res.error);
   renderPageAction();
+}
+
+// ---- a lease's clean slate (clear_state)
+//
+// A lease acquired with clear_state has its tab cleared on the assignment
+// that begins it and on the one that ends it: the page's session storage,
+// then (the tab on about:blank) cookies, local storage, IndexedDB, caches
+// and service workers of every web origin the tab and the tabs it opened
+// committed since the last clear, and of the page in front. The origins
+// are kept in memory: a service worker that restarted in between clears
+// those it saw since, and the page in front.
+
+/** onCommitted records the web origin of a worker's (or its child's) committed document. */
+function onCommitted(d) {
+  const owner = st.children.get(d.tabId) ?? (st.workers.has(d.tabId) ? d.tabId : null);
+  const origin = webOrigin(d.url);
+  if (owner === null || origin === null) return;
+  if (!st.visited.has(owner)) st.visited.set(owner, new Set());
+  st.visited.get(owner).add(origin);
+}
+
+/** webOrigin is url's origin when it is an http(s) URL, else null. */
+function webOrigin(url) {
+  try {
+    const u = new URL(url);
+    return u.protocol === 'http:' || u.protocol === 'https:' ? u.origin : null;
+  } catch {
+    return null;
+  }
+}
+
+/** clearTab queues the clearing of a worker tab's state. */
+function clearTab(tabId) {
+  if (tabId === null || !st.workers.has(tabId)) return;
+  const origins = [...(st.visited.get(tabId) ?? [])];
+  const front = webOrigin(st.workers.get(tabId)?.url ?? '');
+  if (front) origins.push(front);
+  st.visited.delete(tabId);
+  executor.clearState(tabId, origins).then(
+    (cleared) => log('clear_state', tabId, cleared),
+    (e) => console.warn('[cheetah] clear_state', tabId, e),
+  );
 }

@@ -137,6 +137,12 @@ class FakeBrowser {
   async closeTab(tabId) {
     this.log.push(['close', tabId]);
   }
+
+  async clearState(tabId, origins) {
+    if (this.clearGate) await this.clearGate.p;
+    this.log.push(['clear_state', tabId, origins]);
+    return origins;
+  }
 }
 
 function setup({ workers = [1, 2], maxMessageBytes = 4 * 1024 * 1024, evaluate = false } = {}) {
@@ -481,4 +487,27 @@ test('a download too large for a frame is cancelled with an event saying why', a
   assert.equal(f[1].data.state, 'cancelled');
   assert.match(f[1].data.reason, /max_message_bytes/);
   assert.deepEqual(sizes, [Math.floor((8192 - 4096) * 3 / 4)]);
+});
+
+test('a clear_state runs after the tab\'s earlier commands and before its later ones', async () => {
+  const { ex, cmd, browser } = setup();
+  const gate = deferred();
+  browser.gates.set('https://e.x/before', gate);
+  const before = ex.handleCommand(cmd('navigate', { url: 'https://e.x/before' }));
+  browser.clearGate = deferred();
+  const cleared = ex.clearState(1, ['https://e.x']);
+  const after = ex.handleCommand(cmd('extract', { selector: '#intro' }));
+  const at = (what) => browser.log.findIndex(what);
+  const isClear = (l) => l[0] === 'clear_state';
+  const isExtract = (l) => l[2] === 'extract';
+  gate.resolve();
+  await before;
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(at(isClear), -1, 'the clear is held');
+  assert.equal(at(isExtract), -1, 'extract waits behind the clear');
+  browser.clearGate.resolve();
+  assert.deepEqual(await cleared, ['https://e.x']);
+  await after;
+  assert.ok(at((l) => l[0] === 'navigate') < at(isClear), 'the clear came after the earlier navigate');
+  assert.ok(at(isClear) < at(isExtract), 'and before the later extract');
 });

@@ -11,6 +11,8 @@ import { Mutex } from './queue.js';
 // networkidle: no request of the tab in flight for this long (Playwright's
 // meaning).
 export const NETWORK_IDLE_MS = 500;
+// CLEAR_NAV_MS bounds the wait for about:blank when a tab's state is cleared.
+const CLEAR_NAV_MS = 10000;
 const DEBUGGER_VERSION = '1.3';
 // A download is taken for a worker tab's when that tab requested its URL
 // this recently.
@@ -614,6 +616,40 @@ export class ChromeBrowser {
       }
     }
     return n;
+  }
+
+  // ---- a lease's clean slate (clear_state)
+
+  /**
+   * clearState clears what a worker tab's lease may leave behind: the
+   * session storage of the page in front (every frame), then, with the tab
+   * on about:blank so that no page writes again meanwhile, what the
+   * profile keeps for each web origin in origins (cookies, which Chrome
+   * clears for the whole site, local storage, IndexedDB, Cache Storage,
+   * service workers, file systems). It returns the origins it cleared.
+   */
+  async clearState(tabId, origins) {
+    try {
+      await chrome.scripting.executeScript({
+        target: { tabId, allFrames: true },
+        func: () => {
+          try {
+            sessionStorage.clear();
+          } catch {
+            // an opaque origin has none
+          }
+        },
+      });
+    } catch {
+      // no web page in front
+    }
+    await this.navigate(tabId, 'about:blank', { waitUntil: 'load', softDeadline: Date.now() + CLEAR_NAV_MS }).catch((e) => this.log('clear_state: about:blank', e));
+    const web = [...new Set(origins)].filter((o) => /^https?:\/\//.test(o));
+    if (web.length > 0) {
+      await chrome.browsingData.remove({ origins: web },
+        { cookies: true, localStorage: true, indexedDB: true, cacheStorage: true, serviceWorkers: true, fileSystems: true });
+    }
+    return web;
   }
 
   // ---- downloads: never into the person's folder

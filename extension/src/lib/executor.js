@@ -236,6 +236,15 @@ export class Executor {
     });
   }
 
+  /**
+   * clearState queues the clearing of tabId's state (a lease's clear_state)
+   * behind the tab's earlier commands and ahead of any command that comes
+   * after it, and resolves with the origins it cleared.
+   */
+  clearState(tabId, origins) {
+    return this.queues.run(tabId, () => this.browser.clearState(tabId, origins));
+  }
+
   /** handleCancel aborts a queued or running command; it still answers. */
   handleCancel(f) {
     const entry = this.inflight.get(f.command_id);
