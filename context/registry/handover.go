@@ -98,33 +98,53 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 // Adopt takes in a client another replica handed over, before its new
 // connection attaches (Connect): the client is here as one away within
 // its reconnect grace, with its contexts not live and its leases as they
-// were. A client this registry already holds is left as it is.
+// were. A client this registry still holds (it was here before, left
+// through another replica and came back within its grace) takes in what
+// was handed: the contexts it lacks, and each handed lease whose context
+// carries none here and whose epoch is above the context's last one here
+// (a lease issued here since is newer, and the handed one was lost).
 func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.poolFor(userID)
-	if p.clients[clientID] != nil {
-		return
+	c := p.clients[clientID]
+	fresh := c == nil
+	if fresh {
+		c = &client{pool: p, id: clientID, contexts: map[string]*wctx{}, dispatched: map[*command]struct{}{}}
 	}
-	c := &client{pool: p, id: clientID, contexts: map[string]*wctx{}, dispatched: map[*command]struct{}{}}
 	for _, hc := range h.Contexts {
-		w := &wctx{client: c, id: hc.ID, tabID: hc.TabID, owner: hc.Owner, url: hc.URL, title: hc.Title, labels: hc.Labels,
-			lastEpoch: hc.LastEpoch}
-		if hl := hc.Lease; hl != nil {
-			var key tokenKey
-			if b, err := hex.DecodeString(hl.TokenDigest); err == nil && len(b) == len(key) {
-				copy(key[:], b)
-				l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
-					expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, clearState: hl.ClearState, heapIndex: -1,
-					webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID}
-				w.lastEpoch = max(w.lastEpoch, hl.Epoch)
-				w.lease = l
-				r.leases[key] = l
-				r.pushDeadline(l)
-				r.storeMoved(l)
-			}
+		w := c.contexts[hc.ID]
+		if w == nil {
+			w = &wctx{client: c, id: hc.ID, tabID: hc.TabID, owner: hc.Owner, url: hc.URL, title: hc.Title, labels: hc.Labels}
+			c.contexts[w.id] = w
 		}
-		c.contexts[w.id] = w
+		last := w.lastEpoch
+		w.lastEpoch = max(w.lastEpoch, hc.LastEpoch)
+		hl := hc.Lease
+		if hl == nil || w.lease != nil || hl.Epoch <= last {
+			continue
+		}
+		var key tokenKey
+		if b, err := hex.DecodeString(hl.TokenDigest); err != nil || len(b) != len(key) {
+			continue
+		} else {
+			copy(key[:], b)
+		}
+		if r.leases[key] != nil {
+			continue // here already, on another context: never twice
+		}
+		l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
+			expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, clearState: hl.ClearState, heapIndex: -1,
+			webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID}
+		w.lastEpoch = max(w.lastEpoch, hl.Epoch)
+		w.lease = l
+		r.leases[key] = l
+		r.pushDeadline(l)
+		r.refreshIdle(w)
+		r.storeMoved(l)
+	}
+	if !fresh {
+		return
 	}
 	if len(c.contexts) == 0 {
 		r.dropPoolIfEmpty(p)

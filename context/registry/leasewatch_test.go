@@ -9,6 +9,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/protocol"
 )
 
 // WatchLease tells each ending once, with its reason; a lease that already
@@ -95,4 +96,43 @@ func TestHandOverKeepsLeaseWebhook(t *testing.T) {
 	require.Equal(t, "https://example.com/lost", ev.LeaseWebhook)
 	require.Equal(t, "key_1", ev.LeaseWebhookKeyID)
 	require.Equal(t, cheetah.LostRevoked, ev.Reason)
+}
+
+// A client that comes back to a replica still holding it (within its
+// grace) brings the leases it got elsewhere meanwhile: they are merged into
+// the client there, never dropped.
+func TestAdoptMergesIntoAClientStillHere(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t), setup(t)
+	ctx := context.Background()
+	// First on b: a lease of its own, released; then the client leaves.
+	cb := b.connect("mover", cheetah.Console, nil, worker("w1"), worker("w2"))
+	old := b.mustAcquire("t0")
+	ok, err := b.reg.Release(ctx, old)
+	require.NoError(t, err)
+	require.True(t, ok)
+	b.reg.Disconnect(cb.att)
+
+	// On a, with the epoch floor a hello among replicas gives, a new lease
+	// and a context b never saw.
+	att := a.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console, EpochFloor: old.Epoch}, newFakeConn())
+	a.reg.Report(att, []protocol.ContextReport{worker("w1"), worker("w2"), worker("w3")})
+	l := a.mustAcquire("t1")
+	require.Greater(t, l.Epoch, old.Epoch)
+
+	// Back on b, which still holds the client in its grace.
+	h, moved := a.reg.HandOver(user, "mover", "b")
+	require.True(t, moved)
+	b.reg.Adopt(user, "mover", h)
+	att = b.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console}, newFakeConn())
+	b.reg.Report(att, []protocol.ContextReport{worker("w1"), worker("w2"), worker("w3")})
+	_, err = send(b, l, "echo")
+	require.NoError(t, err, "the lease made elsewhere came back with its client")
+	leases, err := b.reg.TaskContexts(ctx, user, "t1")
+	require.NoError(t, err)
+	require.Len(t, leases, 1)
+	require.Equal(t, l.Epoch, leases[0].Epoch)
+	ok, err = b.reg.Release(ctx, l)
+	require.NoError(t, err)
+	require.True(t, ok, "and its holder gives it back there")
 }
