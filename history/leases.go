@@ -26,6 +26,9 @@ type PutLease struct {
 	RenewOnUse  bool
 	ClearState  bool
 	ExpiresAt   time.Time
+	// Generation orders the claims of the row: a claim takes the row only
+	// from a lower generation (each move of the lease claims with one more).
+	Generation int64
 }
 
 // PutKind says what a PutLease writes.
@@ -64,19 +67,20 @@ const (
 	// this replica's). A replica cut off from the database may have writes
 	// held that reach it after others took its leases over: they change
 	// only rows still its own.
-	pgNewLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state)
-SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[])
+	pgNewLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
+SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
 ON CONFLICT (token_digest) DO NOTHING`
 
 	pgLeaseExpiries = `UPDATE leases AS l SET expires_at = v.expires_at, ttl_ms = v.ttl_ms
-FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[])
-	AS v(token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state)
+FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
+	AS v(token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
 WHERE l.token_digest = v.token_digest AND l.replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
 
-	pgClaimLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state)
-SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[])
+	pgClaimLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
+SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
 ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms,
-	replica_id = EXCLUDED.replica_id, orphaned_at = NULL`
+	replica_id = EXCLUDED.replica_id, orphaned_at = NULL, generation = EXCLUDED.generation
+WHERE leases.generation < EXCLUDED.generation`
 
 	pgDeleteLeases = `DELETE FROM leases WHERE token_digest = ANY($1::bytea[])
 AND replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
@@ -129,13 +133,15 @@ func putArrays(ls []*PutLease) []any {
 		user, client, ctxID, task = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		epoch, ttl                = make([]int64, n), make([]int64, n)
 		renew, clear              = make([]bool, n), make([]bool, n)
+		generation                = make([]int64, n)
 		expires                   = make([]time.Time, n)
 	)
 	for i, l := range ls {
 		digest[i], user[i], client[i], ctxID[i], task[i] = l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID
 		epoch[i], ttl[i], renew[i], expires[i], clear[i] = l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState
+		generation[i] = l.Generation
 	}
-	return []any{digest, user, client, ctxID, task, epoch, ttl, renew, expires, clear}
+	return []any{digest, user, client, ctxID, task, epoch, ttl, renew, expires, clear, generation}
 }
 
 // AbandonReplica gives up what replica id held before it was fenced, once
@@ -195,9 +201,10 @@ func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]
 		RenewOnUse  bool
 		ClearState  bool
 		ExpiresAt   time.Time
+		Generation  int64
 	}
 	var rows []row
-	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at FROM leases
+	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at, generation FROM leases
 WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at > now()`, userID, clientID).Scan(&rows).Error
 	if err != nil {
 		return nil, s.replicaErr(op, err)
@@ -205,7 +212,8 @@ WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at >
 	out := make([]PutLease, 0, len(rows))
 	for _, r := range rows {
 		l := PutLease{UserID: userID, ClientID: clientID, ContextID: r.ContextID, TaskID: r.TaskID, Epoch: r.Epoch,
-			TTL: time.Duration(r.TTLMs) * time.Millisecond, RenewOnUse: r.RenewOnUse, ClearState: r.ClearState, ExpiresAt: r.ExpiresAt}
+			TTL: time.Duration(r.TTLMs) * time.Millisecond, RenewOnUse: r.RenewOnUse, ClearState: r.ClearState, ExpiresAt: r.ExpiresAt,
+			Generation: r.Generation}
 		if copy(l.TokenDigest[:], r.TokenDigest) == len(l.TokenDigest) {
 			out = append(out, l)
 		}

@@ -64,12 +64,21 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 
 	// A claim makes it B's; A's late writes then change nothing.
 	claim := later
-	claim.Kind = history.LeaseClaim
+	claim.Kind, claim.Generation = history.LeaseClaim, 2
 	require.NoError(t, b.Write(ctx, claim))
 	require.NoError(t, a.Write(ctx, history.DeleteLease{TokenDigest: row.TokenDigest},
 		history.PutLease{Kind: history.LeaseExpiry, TokenDigest: row.TokenDigest, ExpiresAt: expires}))
 	r, exp = owner()
 	require.Equal(t, "leasebbb", r)
+	require.Equal(t, later.ExpiresAt, exp)
+
+	// A claim of an earlier move that commits late (generation 1, the
+	// lease passed through A on its way to B) takes nothing back.
+	late := claim
+	late.Generation, late.ExpiresAt = 1, expires
+	require.NoError(t, a.Write(ctx, late))
+	r, exp = owner()
+	require.Equal(t, "leasebbb", r, "claims are ordered by generation, not by commit")
 	require.Equal(t, later.ExpiresAt, exp)
 
 	// B goes; its row is orphaned and offered to whoever holds the client.
@@ -88,9 +97,11 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.Equal(t, time.Minute, got.TTL)
 	require.True(t, got.RenewOnUse)
 	require.True(t, got.ClearState, "the adopter clears the context when the lease ends, as its first holder would have")
+	require.Equal(t, int64(2), got.Generation, "the adopter claims with one more")
 
 	// A adopts it: no orphan is left.
 	got.Kind = history.LeaseClaim
+	got.Generation++
 	require.NoError(t, a.Write(ctx, got))
 	rows, err = a.OrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)

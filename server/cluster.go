@@ -211,7 +211,8 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 	for _, row := range rows {
 		h.Contexts = append(h.Contexts, registry.HandedContext{ID: row.ContextID, Lease: &registry.HandedLease{
 			TokenDigest: hex.EncodeToString(row.TokenDigest[:]), TaskID: row.TaskID, Epoch: row.Epoch,
-			TTL: row.TTL, ExpiresAt: row.ExpiresAt, RenewOnUse: row.RenewOnUse, ClearState: row.ClearState}})
+			TTL: row.TTL, ExpiresAt: row.ExpiresAt, RenewOnUse: row.RenewOnUse, ClearState: row.ClearState,
+			Generation: row.Generation}})
 	}
 	s.reg.Adopt(userID, clientID, h)
 }

@@ -22,7 +22,8 @@ import (
 func rowOf(l *lease) history.PutLease {
 	w := l.ctx
 	return history.PutLease{TokenDigest: l.key, UserID: w.client.pool.userID, ClientID: w.client.id, ContextID: w.id,
-		TaskID: l.taskID, Epoch: l.epoch, TTL: l.ttl, RenewOnUse: l.renewOnUse, ClearState: l.clearState, ExpiresAt: l.expiresAt}
+		TaskID: l.taskID, Epoch: l.epoch, TTL: l.ttl, RenewOnUse: l.renewOnUse, ClearState: l.clearState, ExpiresAt: l.expiresAt,
+		Generation: l.generation}
 }
 
 // storeNew writes a new lease's row; r.mu is held.
@@ -108,6 +109,7 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 		if l := r.leases[key]; l != nil {
 			// Here already (handed over before its old replica died, whose
 			// row was not rewritten yet): the row is claimed again.
+			l.generation = max(l.generation, row.Generation+1)
 			r.storeMoved(l)
 			continue
 		}
@@ -116,7 +118,8 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 			continue
 		}
 		l := &lease{key: key, ctx: w, taskID: row.TaskID, epoch: row.Epoch, ttl: row.TTL,
-			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, clearState: row.ClearState, heapIndex: -1}
+			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, clearState: row.ClearState, heapIndex: -1,
+			generation: row.Generation + 1}
 		w.lease = l
 		w.lastEpoch = max(w.lastEpoch, l.epoch)
 		r.leases[key] = l

@@ -45,6 +45,9 @@ type HandedLease struct {
 	ExpiresAt   time.Time     `json:"expires_at"`
 	RenewOnUse  bool          `json:"renew_on_use"`
 	ClearState  bool          `json:"clear_state,omitempty"`
+	// Generation is the claim generation of its row; the adopter claims it
+	// with one more.
+	Generation int64 `json:"generation,omitempty"`
 	// LeaseWebhook and LeaseWebhookKeyID go with the lease, so that the
 	// replica it moves to delivers its lease.lost.
 	LeaseWebhook      string `json:"lease_webhook,omitempty"`
@@ -77,7 +80,7 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 			LastEpoch: w.lastEpoch}
 		if l := w.lease; l != nil {
 			hc.Lease = &HandedLease{TokenDigest: hex.EncodeToString(l.key[:]), TaskID: l.taskID, Epoch: l.epoch,
-				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse, ClearState: l.clearState,
+				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse, ClearState: l.clearState, Generation: l.generation,
 				LeaseWebhook: l.webhook, LeaseWebhookKeyID: l.webhookKey}
 			delete(r.leases, l.key)
 			if l.heapIndex >= 0 {
@@ -135,7 +138,7 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 		}
 		l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
 			expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, clearState: hl.ClearState, heapIndex: -1,
-			webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID}
+			webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID, generation: hl.Generation + 1}
 		w.lastEpoch = max(w.lastEpoch, hl.Epoch)
 		w.lease = l
 		r.leases[key] = l

@@ -26,6 +26,10 @@ type lease struct {
 	// clearState asks the client to clear the context when the lease
 	// begins and when it ends (AcquireRequest.ClearState).
 	clearState bool
+	// generation counts the claims of its row (durable_leases.go): each
+	// replica it moves to claims the row with one more, so that two claims
+	// that commit out of order leave it the later holder's.
+	generation int64
 	// preserve counts send_and_wait calls in flight whose callers still wait:
 	// while it is above zero the lease cannot expire (invariant 5).
 	preserve  int
