@@ -15,6 +15,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -22,6 +23,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -444,10 +446,44 @@ const PeerHopsHeader = "Cheetah-Peer-Hops"
 // receiver's: a captured request cannot be replayed later than this.
 const peerSkew = 30 * time.Second
 
-// Sign marks req as coming from this replica.
-func (m *Member) Sign(req *http.Request) {
+// MaxSignedBody bounds the body of a signed request: the signature covers
+// the body, so both ends read it whole. It is well above any body limit of
+// the API.
+const MaxSignedBody = 64 << 20
+
+// ErrBodyTooLarge is Sign's answer to a body over MaxSignedBody.
+var ErrBodyTooLarge = errors.New("cluster: the body of a request to another replica is over its limit")
+
+// Sign marks req as coming from this replica. The signature covers the
+// body too: Sign reads it whole and puts it back.
+func (m *Member) Sign(req *http.Request) error {
+	body, err := readBody(req)
+	if err != nil {
+		return err
+	}
+	req.ContentLength = int64(len(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	ts := strconv.FormatInt(m.cfg.Clock.Now().UnixMilli(), 10)
-	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+m.mac(m.cfg.ID, ts, req))
+	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+m.mac(m.cfg.ID, ts, req, body))
+	return nil
+}
+
+// readBody reads req's body whole (at most MaxSignedBody) and puts an
+// equal one back.
+func readBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(req.Body, MaxSignedBody+1))
+	_ = req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > MaxSignedBody {
+		return nil, ErrBodyTooLarge
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
 }
 
 // ErrBadSignature is Verify's answer to a request that carries PeerHeader
@@ -472,15 +508,20 @@ func (m *Member) Verify(req *http.Request) (string, bool, error) {
 	if d := m.cfg.Clock.Now().Sub(time.UnixMilli(ms)); d > peerSkew || d < -peerSkew {
 		return "", true, ErrBadSignature
 	}
-	if !hmac.Equal([]byte(parts[2]), []byte(m.mac(parts[0], parts[1], req))) {
+	body, err := readBody(req)
+	if err != nil {
+		return "", true, ErrBadSignature
+	}
+	if !hmac.Equal([]byte(parts[2]), []byte(m.mac(parts[0], parts[1], req, body))) {
 		return "", true, ErrBadSignature
 	}
 	return parts[0], true, nil
 }
 
-func (m *Member) mac(id, ts string, req *http.Request) string {
+func (m *Member) mac(id, ts string, req *http.Request, body []byte) string {
+	digest := sha256.Sum256(body)
 	h := hmac.New(sha256.New, m.secret)
-	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader), req.Header.Get(PeerHopsHeader)} {
+	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader), req.Header.Get(PeerHopsHeader), string(digest[:])} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}

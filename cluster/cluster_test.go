@@ -2,9 +2,11 @@ package cluster_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,7 +221,7 @@ func TestPeerSignatures(t *testing.T) {
 	require.NoError(t, err)
 
 	req := func() *http.Request {
-		r := httptest.NewRequest(http.MethodPost, "/api/v1/commands?x=1", nil)
+		r := httptest.NewRequest(http.MethodPost, "/api/v1/commands?x=1", strings.NewReader(`{"name":"echo"}`))
 		r.Header.Set("Authorization", "Bearer k")
 		r.Header.Set("X-Lease", "tok")
 		return r
@@ -231,20 +233,24 @@ func TestPeerSignatures(t *testing.T) {
 	require.Empty(t, id)
 
 	r = req()
-	a.Sign(r)
+	require.NoError(t, a.Sign(r))
 	id, signed, err = b.Verify(r)
 	require.NoError(t, err)
 	require.True(t, signed)
 	require.Equal(t, "sign0001", id)
+	got, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	require.Equal(t, `{"name":"echo"}`, string(got), "the body is there to read after both")
 
 	for name, alter := range map[string]func(*http.Request){
 		"lease":  func(r *http.Request) { r.Header.Set("X-Lease", "other") },
 		"key":    func(r *http.Request) { r.Header.Set("Authorization", "Bearer other") },
 		"path":   func(r *http.Request) { r.URL.RawQuery = "x=2" },
 		"method": func(r *http.Request) { r.Method = http.MethodGet },
+		"body":   func(r *http.Request) { r.Body = io.NopCloser(strings.NewReader(`{"name":"click"}`)) },
 	} {
 		r = req()
-		a.Sign(r)
+		require.NoError(t, a.Sign(r))
 		alter(r)
 		_, signed, err = b.Verify(r)
 		require.True(t, signed, name)
@@ -252,12 +258,12 @@ func TestPeerSignatures(t *testing.T) {
 	}
 
 	r = req()
-	stranger.Sign(r)
+	require.NoError(t, stranger.Sign(r))
 	_, _, err = b.Verify(r)
 	require.ErrorIs(t, err, cluster.ErrBadSignature, "another cluster's secret")
 
 	r = req()
-	a.Sign(r)
+	require.NoError(t, a.Sign(r))
 	clock.Advance(time.Minute)
 	_, _, err = b.Verify(r)
 	require.ErrorIs(t, err, cluster.ErrBadSignature, "a replayed request")

@@ -63,6 +63,10 @@ func (s *Server) clusterGate(c *gin.Context) {
 		s.fail(c, errFenced)
 		return
 	}
+	if c.Request.Header.Get(cluster.PeerHeader) != "" {
+		// Verify reads the body whole: no more of it than the API takes.
+		c.Request.Body = s.limitBody(c)
+	}
 	id, signed, err := m.Verify(c.Request)
 	if !signed {
 		return
@@ -280,7 +284,7 @@ func copyHeaders(dst, src http.Header) {
 // dropped, never ended as if the answer were whole.
 func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 	ctx := c.Request.Context()
-	req, err := http.NewRequestWithContext(ctx, c.Request.Method, p.URL+c.Request.URL.RequestURI(), c.Request.Body)
+	req, err := http.NewRequestWithContext(ctx, c.Request.Method, p.URL+c.Request.URL.RequestURI(), s.limitBody(c))
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -291,8 +295,12 @@ func (s *Server) pass(c *gin.Context, p cluster.Peer) {
 		req.Header.Set(h[0], h[1])
 	}
 	req.Header.Set(cluster.PeerHopsHeader, strconv.Itoa(hopsOf(c)+1))
-	req.ContentLength = c.Request.ContentLength
-	s.cfg.Cluster.Sign(req)
+	// The signature covers the body, which Sign reads whole: as large as
+	// this replica would take itself.
+	if err := s.cfg.Cluster.Sign(req); err != nil {
+		s.fail(c, s.bodyError(err))
+		return
+	}
 	resp, err := s.peerClient.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -394,7 +402,9 @@ func (s *Server) askPeer(ctx context.Context, p cluster.Peer, method, uri string
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	s.cfg.Cluster.Sign(req)
+	if s.cfg.Cluster.Sign(req) != nil {
+		return nil
+	}
 	resp, err := s.peerClient.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -670,7 +680,9 @@ func (s *Server) releaseAnywhere(c *gin.Context, l cheetah.Lease) {
 			}
 			req.Header.Set("Authorization", c.GetHeader("Authorization"))
 			req.Header.Set("X-Lease", l.LeaseToken)
-			m.Sign(req)
+			if m.Sign(req) != nil {
+				return
+			}
 			if resp, err := s.peerClient.Do(req); err == nil {
 				_ = resp.Body.Close()
 			}

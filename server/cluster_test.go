@@ -470,7 +470,7 @@ func TestClusterPeerKeyNeedsASignature(t *testing.T) {
 		require.NoError(t, err)
 		req.Header.Set(cluster.PeerKeyHeader, k.ID)
 		if sign {
-			rs[0].Broker.Cluster.Sign(req)
+			require.NoError(t, rs[0].Broker.Cluster.Sign(req))
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

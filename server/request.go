@@ -23,14 +23,9 @@ import (
 // in any string it decodes to, is invalid_request with a message that names
 // the member. An empty body is an empty object.
 func (s *Server) bind(c *gin.Context, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes))
+	body, err := io.ReadAll(s.limitBody(c))
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.fail(c, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", s.cfg.MaxBodyBytes)})
-			return false
-		}
-		s.fail(c, cheetah.Invalidf("the body could not be read"))
+		s.fail(c, s.bodyError(err))
 		return false
 	}
 	if err := decodeBody(body, v); err != nil {
@@ -38,6 +33,21 @@ func (s *Server) bind(c *gin.Context, v any) bool {
 		return false
 	}
 	return true
+}
+
+// limitBody is c's body, bounded by MaxBodyBytes.
+func (s *Server) limitBody(c *gin.Context) io.ReadCloser {
+	return http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
+}
+
+// bodyError is what a caller whose body could not be read is told: over
+// the limit is payload_too_large.
+func (s *Server) bodyError(err error) error {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", s.cfg.MaxBodyBytes)}
+	}
+	return cheetah.Invalidf("the body could not be read")
 }
 
 // decodeBody is bind's decoder, apart so that it can be tested alone.
