@@ -92,6 +92,12 @@ type Config struct {
 	// member, with the round's context: work that must follow the reaping
 	// (adopting the leases of reaped replicas).
 	AfterTick func(ctx context.Context)
+	// Probe, when set, asks whoever serves at url which replica it is (its
+	// id, and whether anything answered). Join uses it on a live row with
+	// this replica's URL: a replica that answers there is alive, and two
+	// replicas cannot share one URL; nothing answering, or another id, is
+	// a previous life of this one.
+	Probe func(ctx context.Context, url string) (id string, answered bool)
 	// OnFenced is called, from the member's own goroutine, when the
 	// replica stops being sure of its row: it must stop acting for its
 	// clients (cut their connections) before it returns. The member joins
@@ -175,6 +181,9 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		return nil, err
 	}
 	m.secret = secret
+	if err := m.checkURL(ctx); err != nil {
+		return nil, err
+	}
 	if err := m.join(ctx); err != nil {
 		return nil, err
 	}
@@ -185,6 +194,32 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		}
 	}
 	return m, nil
+}
+
+// ErrURLTaken is Join's answer when a live replica already serves at the
+// URL this one would advertise.
+var ErrURLTaken = errors.New("cluster: another live replica serves at this replica's URL")
+
+// checkURL refuses to join when another replica with a live row answers at
+// this replica's URL: joining would remove its row (JoinReplica takes a
+// row with the same URL for a previous life) while it still acts.
+func (m *Member) checkURL(ctx context.Context) error {
+	if m.cfg.URL == "" || m.cfg.Probe == nil {
+		return nil
+	}
+	rows, err := m.cfg.Store.Replicas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.URL != m.cfg.URL || r.ID == m.cfg.ID {
+			continue
+		}
+		if id, answered := m.cfg.Probe(ctx, r.URL); answered && id == r.ID {
+			return fmt.Errorf("%w: replica %s at %s; give each replica its own --advertise-url (or --listen)", ErrURLTaken, r.ID, r.URL)
+		}
+	}
+	return nil
 }
 
 // register makes the member's gauges: no label carries a replica id, so
@@ -437,6 +472,10 @@ const PeerHeader = "Cheetah-Peer"
 // replica authenticated the caller with (by id): the receiver takes it as
 // authenticated, as it cannot check the caller's console session.
 const PeerKeyHeader = "Cheetah-Peer-Key"
+
+// ReplicaHeader names, on a replica's answers, the replica that answered
+// (its id is no secret: lease tokens begin with it).
+const ReplicaHeader = "Cheetah-Replica"
 
 // PeerHopsHeader counts, on a signed request, the replicas that passed it
 // on before.

@@ -31,7 +31,7 @@ func (s *Server) routes() *gin.Engine {
 	// A known path asked with another method is 405 with an Allow header
 	// (set by gin), in the one envelope, not a 404.
 	g.HandleMethodNotAllowed = true
-	g.Use(s.observe, s.recoverPanic, s.checkHost)
+	g.Use(s.observe, s.recoverPanic, s.checkHost, s.nameReplica)
 	g.GET("/ws/v1/client", func(c *gin.Context) {
 		if !s.originAllowed(c.GetHeader("Origin")) {
 			s.fail(c, &cheetah.Error{Code: cheetah.CodeForbidden, Message: "this Origin may not open a client connection"})

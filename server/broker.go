@@ -158,7 +158,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 		// A replica ends only the commands of replicas that are gone (its
 		// own previous life among them), never another live one's.
 		member, err = cluster.Join(ctx, cluster.Config{Store: store, ID: replicaID, URL: o.AdvertiseURL,
-			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, MeterProvider: mp, OnFenced: func() {
+			TTL: o.ReplicaTTL, Clock: o.Clock, Log: o.Log, MeterProvider: mp, Probe: probeReplica(o.PeerTransport), OnFenced: func() {
 				if s := srvRef.Load(); s != nil {
 					// Others may take its clients and leases from now on:
 					// it forgets them, writing nothing.
@@ -318,4 +318,22 @@ func (b *Broker) Close(ctx context.Context) error {
 		err = errors.Join(err, b.Telemetry.Shutdown(ctx))
 	}
 	return err
+}
+
+// probeReplica asks whoever serves at a URL which replica it is, by the
+// Cheetah-Replica header of its /healthz, within two seconds.
+func probeReplica(t http.RoundTripper) func(ctx context.Context, url string) (string, bool) {
+	hc := &http.Client{Transport: t, Timeout: 2 * time.Second}
+	return func(ctx context.Context, url string) (string, bool) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
+		if err != nil {
+			return "", false
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return "", false
+		}
+		_ = resp.Body.Close()
+		return resp.Header.Get(cluster.ReplicaHeader), true
+	}
 }

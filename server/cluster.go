@@ -52,6 +52,15 @@ const acquireSlice = 100 * time.Millisecond
 // still a member: another replica may be taking its clients over.
 var errFenced = cheetah.StoreUnavailable("cluster", errors.New("this replica cannot reach the database to renew its membership"))
 
+// nameReplica says on every answer of a replica which one answered: for
+// whoever debugs a balancer, and for a replica that starts with this one's
+// URL (cluster.Config.Probe).
+func (s *Server) nameReplica(c *gin.Context) {
+	if m := s.cfg.Cluster; m != nil {
+		c.Header(cluster.ReplicaHeader, m.ID())
+	}
+}
+
 // clusterGate refuses every request while the replica is fenced, and
 // checks the signature of a request another replica passed on.
 func (s *Server) clusterGate(c *gin.Context) {

@@ -19,6 +19,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/remote"
+	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
 	"github.com/cheetahbroker/cheetah/server/clustertest"
 )
@@ -654,4 +655,24 @@ func TestClusterShortOutageGivesLeasesUp(t *testing.T) {
 			"X-Lease", l.LeaseToken), "through replica %d", i)
 		require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
 	}
+}
+
+// A replica that would advertise the URL of a live one refuses to start:
+// joining would take that one's row while it still acts. (A previous life
+// at the URL, where nothing answers, is replaced as before.)
+func TestClusterRefusesATakenURL(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	_, err := server.Open(context.Background(), server.Options{DatabaseURL: rs[0].DatabaseURL, DataDir: t.TempDir(),
+		AdminKey: clustertest.AdminKey, AdvertiseURL: rs[0].URL})
+	require.ErrorIs(t, err, cluster.ErrURLTaken)
+	require.ErrorContains(t, err, rs[0].Broker.Cluster.ID())
+	require.True(t, rs[0].Broker.Cluster.Valid())
+	rs[1].Broker.Cluster.Refresh(context.Background())
+	require.Equal(t, []cluster.Peer{{ID: rs[0].Broker.Cluster.ID(), URL: rs[0].URL}}, rs[1].Broker.Cluster.Peers(),
+		"its row is still there")
+	resp, err := http.Get(rs[0].URL + "/healthz")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, rs[0].Broker.Cluster.ID(), resp.Header.Get(cluster.ReplicaHeader), "every answer names its replica")
 }

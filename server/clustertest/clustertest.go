@@ -31,6 +31,8 @@ type Replica struct {
 	URL string
 	// Link is its own path to PostgreSQL: Cut it to cut the replica off.
 	Link *tcpproxy.Proxy
+	// DatabaseURL is the database as it reaches it, through Link.
+	DatabaseURL string
 }
 
 // Start starts n replicas on one new PostgreSQL database and waits until
@@ -76,7 +78,7 @@ func Start(tb testing.TB, n int, opts func(*server.Options)) []*Replica {
 			}
 			hs.Close()
 		})
-		rs[i] = &Replica{Broker: b, URL: hs.URL, Link: link}
+		rs[i] = &Replica{Broker: b, URL: hs.URL, Link: link, DatabaseURL: o.DatabaseURL}
 	}
 	for _, r := range rs {
 		r.Broker.Cluster.Refresh(context.Background())
