@@ -3,6 +3,7 @@ package main_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -53,12 +54,21 @@ func TestReplicaKilledUnderACommand(t *testing.T) {
 		err    error
 	}
 	waited := make(chan answer, 1)
+	named := make(chan string, 1)
 	go func() {
-		st, body, err := post(apiB.base, "/api/v1/commands/wait", app.Key,
+		st, body, err := postSeen(apiB.base, "/api/v1/commands/wait", app.Key,
 			map[string]any{"name": "exec", "params": map[string]any{"argv": []string{"sleep", "60"}}, "timeout_ms": 120000},
-			"X-Lease", acq.Lease.LeaseToken)
+			func(h http.Header) { named <- h.Get("X-Command-Id") }, "X-Lease", acq.Lease.LeaseToken)
 		waited <- answer{st, body, err}
 	}()
+	// The caller knows its command once the early headers came through B;
+	// a kill before that is a wait that named nothing (503).
+	select {
+	case got := <-named:
+		require.NotEmpty(t, got)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait's early headers never came")
+	}
 	var id string
 	require.Eventually(t, func() bool {
 		var page cheetah.CommandPage

@@ -577,6 +577,12 @@ func TestMigrateStatusCreatesNothing(t *testing.T) {
 // post sends one request off the test's goroutine and reports what came
 // back; it asserts nothing.
 func post(base, path, key string, body any, headers ...string) (int, []byte, error) {
+	return postSeen(base, path, key, body, nil, headers...)
+}
+
+// postSeen is post that hands the answer's headers to seen (when set) as
+// soon as they come, before the body.
+func postSeen(base, path, key string, body any, seen func(http.Header), headers ...string) (int, []byte, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return 0, nil, err
@@ -594,6 +600,9 @@ func post(base, path, key string, body any, headers ...string) (int, []byte, err
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
+	if seen != nil {
+		seen(resp.Header)
+	}
 	raw, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, raw, err
 }

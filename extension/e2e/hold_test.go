@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -27,9 +28,7 @@ func stepTakeControl(t *testing.T, e *env, s *story) {
 		return got
 	}
 	eventually(t, 10*time.Second, "the popup offers Take control", func() bool { return label() == "Take control" })
-	if err := chromedp.Do(popup, chromedp.Click(chromedp.CSS(button))); err != nil {
-		t.Fatal(err)
-	}
+	press(t, popup, button)
 	eventually(t, 10*time.Second, "the popup offers Give back", func() bool { return label() == "Give back" })
 	eventually(t, 10*time.Second, "the badge says the person drives the tab", func() bool {
 		b, err := e.badge(s.tabID)
@@ -53,9 +52,7 @@ func stepTakeControl(t *testing.T, e *env, s *story) {
 		t.Fatalf("the lease view shows no active hold: %+v %v", leases, err)
 	}
 
-	if err := chromedp.Do(popup, chromedp.Click(chromedp.CSS(button))); err != nil {
-		t.Fatal(err)
-	}
+	press(t, popup, button)
 	eventually(t, 10*time.Second, "the popup offers Take control again", func() bool { return label() == "Take control" })
 	eventually(t, 10*time.Second, "the badge is back to automation", func() bool {
 		b, err := e.badge(s.tabID)
@@ -65,4 +62,16 @@ func stepTakeControl(t *testing.T, e *env, s *story) {
 	if nav.Title != "Form" {
 		t.Fatalf("navigate after Give back: %+v", nav)
 	}
+}
+
+// press clicks the element of selector in one step in the page: the popup
+// redraws its rows every second, so a node found first and clicked after
+// may be gone in between.
+func press(t *testing.T, page context.Context, selector string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "press "+selector, func() bool {
+		clicked, err := chromedp.Run(page, chromedp.Evaluate[bool](
+			fmt.Sprintf(`(() => { const b = document.querySelector(%q); if (!b || b.disabled) return false; b.click(); return true; })()`, selector)))
+		return err == nil && clicked
+	})
 }
