@@ -501,7 +501,12 @@ func (m *Member) Sign(req *http.Request) error {
 		return err
 	}
 	req.ContentLength = int64(len(body))
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.GetBody = func() (io.ReadCloser, error) {
+		if len(body) == 0 {
+			return http.NoBody, nil
+		}
+		return io.NopCloser(bytes.NewReader(body)), nil
+	}
 	ts := strconv.FormatInt(m.cfg.Clock.Now().UnixMilli(), 10)
 	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+m.mac(m.cfg.ID, ts, req, body))
 	return nil
@@ -521,7 +526,10 @@ func readBody(req *http.Request) ([]byte, error) {
 	if len(body) > MaxSignedBody {
 		return nil, ErrBodyTooLarge
 	}
-	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.Body = http.NoBody
+	if len(body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+	}
 	return body, nil
 }
 
