@@ -159,6 +159,12 @@ type Member struct {
 	fencedMu sync.Mutex
 	fenced   bool
 
+	// seen holds the nonces of the signed requests verified within the
+	// last 2×peerSkew, oldest first: a request is taken once.
+	seenMu sync.Mutex
+	seen   map[string]time.Time
+	seenQ  []seenNonce
+
 	gauges     metric.Registration // nil without a MeterProvider
 	started    atomic.Bool
 	stop       chan struct{}
@@ -175,7 +181,8 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if len(cfg.ID) != IDLen {
 		return nil, fmt.Errorf("cluster: a replica id has %d characters", IDLen)
 	}
-	m := &Member{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), maintained: make(chan struct{})}
+	m := &Member{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), maintained: make(chan struct{}),
+		seen: map[string]time.Time{}}
 	secret, err := cfg.Store.ClusterSecret(ctx)
 	if err != nil {
 		return nil, err
@@ -508,8 +515,38 @@ func (m *Member) Sign(req *http.Request) error {
 		return io.NopCloser(bytes.NewReader(body)), nil
 	}
 	ts := strconv.FormatInt(m.cfg.Clock.Now().UnixMilli(), 10)
-	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+m.mac(m.cfg.ID, ts, req, body))
+	var n [12]byte
+	if _, err := rand.Read(n[:]); err != nil {
+		return err
+	}
+	nonce := hex.EncodeToString(n[:])
+	req.Header.Set(PeerHeader, m.cfg.ID+" "+ts+" "+nonce+" "+m.mac(m.cfg.ID, ts, nonce, req, body))
 	return nil
+}
+
+// seenNonce is one nonce of seen and when it may be forgotten.
+type seenNonce struct {
+	nonce string
+	until time.Time
+}
+
+// firstUse records nonce and reports whether it was not seen before within
+// the window a signature's time allows: a captured request is refused the
+// second time.
+func (m *Member) firstUse(nonce string, now time.Time) bool {
+	m.seenMu.Lock()
+	defer m.seenMu.Unlock()
+	for len(m.seenQ) > 0 && !now.Before(m.seenQ[0].until) {
+		delete(m.seen, m.seenQ[0].nonce)
+		m.seenQ = m.seenQ[1:]
+	}
+	if _, dup := m.seen[nonce]; dup {
+		return false
+	}
+	until := now.Add(2 * peerSkew)
+	m.seen[nonce] = until
+	m.seenQ = append(m.seenQ, seenNonce{nonce, until})
+	return true
 }
 
 // readBody reads req's body whole (at most MaxSignedBody) and puts an
@@ -545,7 +582,7 @@ func (m *Member) Verify(req *http.Request) (string, bool, error) {
 		return "", false, nil
 	}
 	parts := strings.Split(h, " ")
-	if len(parts) != 3 {
+	if len(parts) != 4 || len(parts[2]) != 24 {
 		return "", true, ErrBadSignature
 	}
 	ms, err := strconv.ParseInt(parts[1], 10, 64)
@@ -559,16 +596,19 @@ func (m *Member) Verify(req *http.Request) (string, bool, error) {
 	if err != nil {
 		return "", true, ErrBadSignature
 	}
-	if !hmac.Equal([]byte(parts[2]), []byte(m.mac(parts[0], parts[1], req, body))) {
+	if !hmac.Equal([]byte(parts[3]), []byte(m.mac(parts[0], parts[1], parts[2], req, body))) {
 		return "", true, ErrBadSignature
+	}
+	if !m.firstUse(parts[2], m.cfg.Clock.Now()) {
+		return "", true, ErrBadSignature // a replay
 	}
 	return parts[0], true, nil
 }
 
-func (m *Member) mac(id, ts string, req *http.Request, body []byte) string {
+func (m *Member) mac(id, ts, nonce string, req *http.Request, body []byte) string {
 	digest := sha256.Sum256(body)
 	h := hmac.New(sha256.New, m.secret)
-	for _, s := range []string{id, ts, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader), req.Header.Get(PeerHopsHeader), string(digest[:])} {
+	for _, s := range []string{id, ts, nonce, req.Method, req.URL.RequestURI(), req.Header.Get("Authorization"), req.Header.Get("X-Lease"), req.Header.Get(PeerKeyHeader), req.Header.Get(PeerHopsHeader), string(digest[:])} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}

@@ -242,6 +242,20 @@ func TestPeerSignatures(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `{"name":"echo"}`, string(got), "the body is there to read after both")
 
+	// The same request again, as whoever captured it would send it: taken
+	// once. Two requests alike, each signed, both pass.
+	again := req()
+	again.Header.Set(cluster.PeerHeader, r.Header.Get(cluster.PeerHeader))
+	_, signed, err = b.Verify(again)
+	require.True(t, signed)
+	require.ErrorIs(t, err, cluster.ErrBadSignature, "a replay within the window")
+	for range 2 {
+		twin := req()
+		require.NoError(t, a.Sign(twin))
+		_, _, err = b.Verify(twin)
+		require.NoError(t, err, "alike, but each signed once")
+	}
+
 	for name, alter := range map[string]func(*http.Request){
 		"lease":  func(r *http.Request) { r.Header.Set("X-Lease", "other") },
 		"key":    func(r *http.Request) { r.Header.Set("Authorization", "Bearer other") },

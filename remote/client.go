@@ -124,6 +124,19 @@ func (c *Client) Do(ctx context.Context, method, path string, body any, out any,
 	if err != nil {
 		return err
 	}
+	if resp.StatusCode >= 400 && resp.StatusCode < 500 {
+		// A refusal the broker acted on nothing for, whose body was cut on
+		// the way (a proxy, a replica between): asked again once, it is
+		// refused again, and says why.
+		raw, rerr := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		_ = resp.Body.Close()
+		if rerr == nil || ctx.Err() != nil {
+			return errorOf(resp, raw)
+		}
+		if resp, err = c.send(ctx, method, path, body, headers); err != nil {
+			return err
+		}
+	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return decodeError(resp)
@@ -185,6 +198,11 @@ func (c *Client) send(ctx context.Context, method, path string, body any, header
 
 func decodeError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	return errorOf(resp, raw)
+}
+
+// errorOf is the error of a non-2xx answer whose body is raw.
+func errorOf(resp *http.Response, raw []byte) error {
 	var env cheetah.Envelope
 	var err error
 	if json.Unmarshal(raw, &env) == nil {

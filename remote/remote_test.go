@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -445,6 +446,41 @@ func TestSendAndWaitAnswerCutShortIsReadFromHistory(t *testing.T) {
 	require.Equal(t, cheetah.Resolution{CommandID: id, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Status: cheetah.StatusFailed,
 		Error: &cheetah.ErrorInfo{Code: "boom", Message: "it broke"}}, res)
 	require.EqualValues(t, 3, reads.Load(), "read until it ended")
+}
+
+// A refusal (4xx) whose body is cut on the way is asked again once: the
+// broker acted on nothing, and says why the second time. Any other cut
+// answer is not.
+func TestRefusalCutShortIsAskedAgain(t *testing.T) {
+	const lost = `{"error":{"code":"lease_lost","reason":"revoked","message":"lease_lost: revoked"}}`
+	var calls, status atomic.Int32
+	status.Store(http.StatusLocked)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if calls.Add(1) == 1 {
+			w.Header().Set("Content-Length", strconv.Itoa(len(lost)))
+			w.WriteHeader(int(status.Load()))
+			_, _ = io.WriteString(w, lost[:10])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		w.WriteHeader(int(status.Load()))
+		_, _ = io.WriteString(w, lost)
+	}))
+	defer srv.Close()
+	c := remote.NewClient(srv.URL, "k")
+	err := c.Do(context.Background(), "POST", "/api/v1/commands", map[string]string{"name": "echo"}, nil, "X-Lease", "tok")
+	var ll *cheetah.LeaseLostError
+	require.ErrorAs(t, err, &ll)
+	require.Equal(t, cheetah.LostRevoked, ll.Reason)
+	require.EqualValues(t, 2, calls.Load())
+
+	calls.Store(0)
+	status.Store(http.StatusServiceUnavailable)
+	err = c.Do(context.Background(), "POST", "/api/v1/commands", map[string]string{"name": "echo"}, nil, "X-Lease", "tok")
+	require.Error(t, err)
+	require.EqualValues(t, 1, calls.Load(), "a 5xx may have acted: never asked again")
 }
 
 // TestRateLimitedByTheBroker: a real broker's 429 carries Retry-After.
