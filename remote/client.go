@@ -118,7 +118,9 @@ func NewClient(baseURL, key string, opts ...Option) *Client {
 // A non-2xx answer in the API's error envelope is returned as
 // cheetah.FromCode rebuilds it (a *RateLimitedError around it for 429); one
 // that is not in the envelope (a proxy's page) is a *StatusError. A request
-// that got no answer returns an error wrapping the cause.
+// that got no answer returns an error wrapping the cause. A refusal (4xx)
+// whose body was cut on the way is sent once more: the broker acted on
+// nothing, and its second answer says why.
 func (c *Client) Do(ctx context.Context, method, path string, body any, out any, headers ...string) error {
 	resp, err := c.send(ctx, method, path, body, headers)
 	if err != nil {
