@@ -39,6 +39,18 @@ func startCluster(t testing.TB, n int) []*replica {
 
 func (r *replica) api(key string) *remote.Client { return remote.NewClient(r.URL, key) }
 
+// host is the replica's host:port.
+func (r *replica) host() string {
+	u, _ := url.Parse(r.URL)
+	return u.Host
+}
+
+// front is a path of a client's own to the replica: Retarget it to send
+// the client's next connection to another one, Cut it to drop it.
+func (r *replica) front(t testing.TB) *tcpproxy.Proxy {
+	return tcpproxy.Start(t, "127.0.0.1:0", r.host())
+}
+
 func (r *replica) key(t testing.TB, kind auth.Kind, userID string) string {
 	t.Helper()
 	k, err := r.Broker.Keys.Create(context.Background(), kind, userID, "cluster-test")
@@ -348,8 +360,7 @@ func TestClusterClientMovesWithItsLeases(t *testing.T) {
 	ctx := context.Background()
 	appKey := rs[0].key(t, auth.App, "")
 	clientKey := rs[0].key(t, auth.Client, user)
-	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
-	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	front := rs[0].front(t)
 	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-m", 2, nil)
 
 	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
@@ -358,7 +369,7 @@ func TestClusterClientMovesWithItsLeases(t *testing.T) {
 	require.Equal(t, rs[0].Broker.Cluster.ID(), tag)
 
 	// The connection drops; the agent comes back through replica 1.
-	front.Retarget(host(rs[1]))
+	front.Retarget(rs[1].host())
 	front.Cut()
 	front.Heal()
 	require.Eventually(t, func() bool {
@@ -404,8 +415,7 @@ func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
 	ctx := context.Background()
 	appKey := rs[1].key(t, auth.App, "")
 	clientKey := rs[1].key(t, auth.Client, user)
-	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
-	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	front := rs[0].front(t)
 	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-s", 2, nil)
 
 	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
@@ -416,7 +426,7 @@ func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
 
 	// Replica 0 is cut off; its client comes back through replica 1.
 	rs[0].Link.Cut()
-	front.Retarget(host(rs[1]))
+	front.Retarget(rs[1].host())
 	front.Cut()
 	front.Heal()
 	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 20*time.Second, 10*time.Millisecond)
@@ -578,13 +588,12 @@ func TestClusterClientMovesTwice(t *testing.T) {
 	ctx := context.Background()
 	appKey := rs[0].key(t, auth.App, "")
 	clientKey := rs[0].key(t, auth.Client, user)
-	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
-	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	front := rs[0].front(t)
 	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-2m", 1, nil)
 	l, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
 	require.NoError(t, err)
 	for _, to := range []int{1, 2} {
-		front.Retarget(host(rs[to]))
+		front.Retarget(rs[to].host())
 		front.Cut()
 		front.Heal()
 		require.Eventually(t, func() bool {
@@ -636,14 +645,13 @@ func TestClusterShortOutageGivesLeasesUp(t *testing.T) {
 	rs := startCluster(t, 3)
 	ctx := context.Background()
 	appKey := rs[1].key(t, auth.App, "")
-	host := func(r *replica) string { u, _ := url.Parse(r.URL); return u.Host }
-	front := tcpproxy.Start(t, "127.0.0.1:0", host(rs[0]))
+	front := rs[0].front(t)
 	clusterAgent(t, "http://"+front.Addr(), rs[1].key(t, auth.Client, user), "agent-so", 1, nil)
 	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
 	require.NoError(t, err)
 
 	rs[0].Link.Cut()
-	front.Retarget(host(rs[1]))
+	front.Retarget(rs[1].host())
 	require.Eventually(t, func() bool { return !rs[0].Broker.Cluster.Valid() }, 20*time.Second, 5*time.Millisecond)
 	rs[0].Link.Heal() // back before the others reap it
 	require.Eventually(t, rs[0].Broker.Cluster.Valid, 20*time.Second, 5*time.Millisecond)
