@@ -85,6 +85,7 @@ func (s *Server) routes() *gin.Engine {
 	internal := g.Group("/internal/v1", s.clusterGate, s.peerOnly)
 	internal.POST("/keys/:id/disconnect", s.authenticate(auth.Admin), s.checkParams, s.disconnectKey)
 	internal.POST("/acquire/idle-since", s.authenticate(auth.App, auth.Admin), s.checkParams, s.idleSince)
+	internal.POST("/acquire/withdraw", s.withdrawWait)
 	internal.POST("/leases/held", s.held)
 	internal.POST("/users/:user_id/clients/:client_id/hand-over", s.checkParams, s.handOver)
 

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -501,13 +502,18 @@ func anyTrue(answers [][]byte, field string) bool {
 // one registry would: it asks every replica since when its best match has
 // been idle (one round trip to all at once), then acquires on the oldest,
 // falling back to the next should another acquire take it first. An
-// acquire that may wait waits here a slice at a time between rounds, so
-// that a context freed on any replica is found within a slice; one freed
-// here goes to it at once, in the registry's FIFO order.
+// acquire that found nothing and may wait then waits on every replica at
+// once (waitEverywhere).
 func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b cheetah.AcquireBody) (cheetah.Lease, error) {
 	ctx := c.Request.Context()
 	m := s.cfg.Cluster
-	if m == nil || fromPeer(c) {
+	if m == nil {
+		return s.reg.Acquire(ctx, req)
+	}
+	if fromPeer(c) {
+		if ticket := c.GetHeader(waitTicketHeader); ticket != "" {
+			return s.standIn(ctx, ticket, req)
+		}
 		return s.reg.Acquire(ctx, req)
 	}
 	deadline := s.cfg.Clock.Now().Add(req.Wait)
@@ -517,57 +523,287 @@ func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b c
 		return cheetah.Lease{}, err
 	}
 	local := req
-	for {
-		peers := m.Peers()
-		local.Wait = 0
-		if len(peers) == 0 {
-			local.Wait = max(0, deadline.Sub(s.cfg.Clock.Now()))
-			return s.reg.Acquire(ctx, local)
+	local.Wait = 0
+	err = &cheetah.NoContextError{Reason: cheetah.ReasonNoEligibleClient}
+	for _, cand := range s.candidates(c, req, m.Peers(), body) {
+		if cand.peer == nil {
+			l, lerr := s.reg.Acquire(ctx, local)
+			if !errors.Is(lerr, cheetah.ErrNoContextAvailable) {
+				return l, lerr
+			}
+			err = betterReason(err, lerr)
+			continue
 		}
-		var err error = &cheetah.NoContextError{Reason: cheetah.ReasonNoEligibleClient}
-		for _, cand := range s.candidates(c, req, peers, body) {
-			if cand.peer == nil {
-				l, lerr := s.reg.Acquire(ctx, local)
-				if !errors.Is(lerr, cheetah.ErrNoContextAvailable) {
-					return l, lerr
-				}
-				err = betterReason(err, lerr)
-				continue
-			}
-			a := s.ask(ctx, c, *cand.peer, http.MethodPost, "/api/v1/acquire", body)
-			if a == nil {
-				continue
-			}
-			if a.status == http.StatusCreated {
-				var got struct{ Lease cheetah.Lease }
-				if json.Unmarshal(a.body, &got) == nil {
-					return got.Lease, nil
-				}
-				continue
-			}
-			if a.status >= http.StatusInternalServerError || a.status == http.StatusTooManyRequests {
-				// A replica draining, fenced or busy has nothing to give:
-				// as one that did not answer, not a failure of the acquire.
-				continue
-			}
-			perr := envelopeErr(a.body)
-			if !errors.Is(perr, cheetah.ErrNoContextAvailable) {
-				return cheetah.Lease{}, perr
-			}
-			err = betterReason(err, perr)
-		}
-		left := deadline.Sub(s.cfg.Clock.Now())
-		if left <= 0 || ctx.Err() != nil {
-			return cheetah.Lease{}, err
-		}
-		// Wait here for a slice: a context of this replica freed meanwhile
-		// goes to this acquire in the registry's FIFO order.
-		local.Wait = min(left, acquireSlice)
-		l, werr := s.reg.Acquire(ctx, local)
-		if !errors.Is(werr, cheetah.ErrNoContextAvailable) {
-			return l, werr
+		o := s.acquireOn(ctx, c, *cand.peer, body)
+		switch {
+		case o.err == nil:
+			return o.lease, nil
+		case o.err == errNoAnswer:
+			// A replica draining, fenced or busy has nothing to give: as
+			// one that did not answer, not a failure of the acquire.
+		case !errors.Is(o.err, cheetah.ErrNoContextAvailable):
+			return cheetah.Lease{}, o.err
+		default:
+			err = betterReason(err, o.err)
 		}
 	}
+	if s.cfg.Clock.Now().Before(deadline) && ctx.Err() == nil {
+		return s.waitEverywhere(c, req, b, deadline, err)
+	}
+	return cheetah.Lease{}, err
+}
+
+// waitTicketHeader names, on an acquire that another replica passes on to
+// wait here in its stead, that wait: the replica withdraws it by this
+// name once the acquire is served or ends (POST /internal/v1/acquire/withdraw).
+const waitTicketHeader = "Cheetah-Wait-Ticket"
+
+// withdrawGrace bounds how long a served or ended acquire waits for the
+// answers of the waits it withdrew, so that a lease one of them got
+// meanwhile is given back rather than left to expire; past it, a replica
+// that has not answered is cut off.
+const withdrawGrace = 2 * time.Second
+
+// errNoAnswer is the outcome of asking a replica that did not answer, or
+// could not act (draining, fenced, overloaded): it has nothing to give.
+var errNoAnswer = errors.New("cluster: the replica did not answer")
+
+// acquireOutcome is what one replica answered an acquire: a lease, or why
+// not. peer is nil for this replica.
+type acquireOutcome struct {
+	peer  *cluster.Peer
+	lease cheetah.Lease
+	err   error
+}
+
+// acquireOn passes the acquire body on to peer, with headers (name, value
+// pairs).
+func (s *Server) acquireOn(ctx context.Context, c *gin.Context, peer cluster.Peer, body []byte, headers ...string) acquireOutcome {
+	o := acquireOutcome{peer: &peer, err: errNoAnswer}
+	a := s.ask(ctx, c, peer, http.MethodPost, "/api/v1/acquire", body, headers...)
+	switch {
+	case a == nil, a.status >= http.StatusInternalServerError, a.status == http.StatusTooManyRequests:
+	case a.status == http.StatusCreated:
+		var got struct{ Lease cheetah.Lease }
+		if json.Unmarshal(a.body, &got) == nil {
+			o.lease, o.err = got.Lease, nil
+		}
+	default:
+		o.err = envelopeErr(a.body)
+	}
+	return o
+}
+
+// waitEverywhere waits for a context on every replica at once, until
+// deadline: the acquire queues in each replica's registry (a stand-in on
+// the others), so that a context freed on any replica goes to the acquire
+// that has waited there the longest, first come first served across the
+// cluster as in one registry. The first lease wins; then every other wait
+// is withdrawn, and a lease one of them got meanwhile is given back. A
+// replica that joins meanwhile, or did not answer, is asked again a slice
+// later. miss is why the first round found nothing.
+func (s *Server) waitEverywhere(c *gin.Context, req cheetah.AcquireRequest, b cheetah.AcquireBody, deadline time.Time, miss error) (cheetah.Lease, error) {
+	ctx := c.Request.Context()
+	m := s.cfg.Cluster
+	// The first round asked for a creation already: waiting, every
+	// replica looks for a context that comes free, not for a new one.
+	req.Create, b.Create = nil, nil
+	ticket := newWaitTicket()
+	// The waits outlive the caller just long enough to be withdrawn and
+	// answered: a lease that one got is given back, never stranded.
+	waitCtx, cancelWaits := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(withdrawGrace))
+	defer cancelWaits()
+	localCtx, withdrawLocal := context.WithCancel(waitCtx)
+	defer withdrawLocal()
+
+	outcomes := make(chan acquireOutcome)
+	pending := 0
+	waiting := map[string]cluster.Peer{} // replicas a wait was sent to and has not ended on
+	start := func(p *cluster.Peer) {
+		pending++
+		left := deadline.Sub(s.cfg.Clock.Now())
+		if p == nil {
+			local := req
+			local.Wait = left
+			go func() {
+				l, err := s.reg.Acquire(localCtx, local)
+				outcomes <- acquireOutcome{lease: l, err: err}
+			}()
+			return
+		}
+		waiting[p.ID] = *p
+		pb := b
+		ms := max(1, left.Milliseconds())
+		pb.WaitMS = &ms
+		body, err := json.Marshal(pb)
+		go func() {
+			o := acquireOutcome{peer: p, err: err}
+			if err == nil {
+				o = s.acquireOn(waitCtx, c, *p, body, waitTicketHeader, ticket)
+			}
+			outcomes <- o
+		}()
+	}
+	start(nil)
+	for _, p := range m.Peers() {
+		start(&p)
+	}
+
+	timer := s.cfg.Clock.NewTimer(deadline.Sub(s.cfg.Clock.Now()))
+	defer timer.Stop()
+	slice := s.cfg.Clock.NewTicker(acquireSlice)
+	defer slice.Stop()
+	var won *acquireOutcome
+	fail := miss
+	for ended := false; !ended; {
+		select {
+		case o := <-outcomes:
+			pending--
+			if o.peer != nil {
+				delete(waiting, o.peer.ID)
+			}
+			switch {
+			case o.err == nil:
+				won, ended = &o, true
+			case o.err == errNoAnswer:
+				// Asked again on the next slice, if still a member.
+			case errors.Is(o.err, cheetah.ErrNoContextAvailable):
+				fail = betterReason(fail, o.err)
+				ended = o.peer == nil // this replica's wait ran out: so did the time
+			default:
+				fail, ended = o.err, true
+			}
+		case <-slice.Chan():
+			for _, p := range m.Peers() {
+				if _, ok := waiting[p.ID]; !ok {
+					start(&p)
+				}
+			}
+		case <-timer.Chan():
+			ended = true
+		case <-ctx.Done():
+			fail, ended = ctx.Err(), true
+		}
+	}
+
+	// Withdraw the other waits, then hear every one out.
+	withdrawLocal()
+	var withdrawn sync.WaitGroup
+	for _, p := range waiting {
+		withdrawn.Go(func() {
+			s.askPeer(waitCtx, p, http.MethodPost, "/internal/v1/acquire/withdraw", nil, []string{waitTicketHeader, ticket})
+		})
+	}
+	grace := s.cfg.Clock.NewTimer(withdrawGrace)
+	defer grace.Stop()
+	for pending > 0 {
+		select {
+		case o := <-outcomes:
+			pending--
+			if o.err == nil {
+				s.releaseAnywhere(c, o.lease)
+			}
+		case <-grace.Chan():
+			cancelWaits() // a replica that does not answer is cut off
+		}
+	}
+	withdrawn.Wait()
+	if won != nil {
+		return won.lease, nil
+	}
+	return cheetah.Lease{}, fail
+}
+
+// newWaitTicket names one acquire's waits across the cluster.
+func newWaitTicket() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// standIn waits for a context in this replica's registry on behalf of an
+// acquire another replica admitted, until that replica withdraws the wait
+// named ticket (waitEverywhere).
+func (s *Server) standIn(ctx context.Context, ticket string, req cheetah.AcquireRequest) (cheetah.Lease, error) {
+	waitCtx, done, ok := s.standIns.begin(ctx, ticket)
+	if !ok {
+		return cheetah.Lease{}, errWithdrawn
+	}
+	defer done()
+	l, err := s.reg.AcquireStandIn(waitCtx, req)
+	if err != nil && waitCtx.Err() != nil && ctx.Err() == nil {
+		return cheetah.Lease{}, errWithdrawn
+	}
+	return l, err
+}
+
+// errWithdrawn answers a stand-in wait that was withdrawn: the replica
+// that withdrew it reads no more than that it got nothing here.
+var errWithdrawn = &cheetah.NoContextError{Reason: cheetah.ReasonNoIdleWorker}
+
+// standIns are the waits this replica holds for acquires other replicas
+// admitted, by ticket, and the tickets withdrawn before their wait came.
+type standIns struct {
+	mu        sync.Mutex
+	waiting   map[string]context.CancelFunc
+	withdrawn map[string]time.Time
+}
+
+// begin registers the wait named ticket: its context ends when the wait is
+// withdrawn, and done forgets it. ok is false when it was withdrawn
+// before it came.
+func (w *standIns) begin(ctx context.Context, ticket string) (_ context.Context, done func(), ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, gone := w.withdrawn[ticket]; gone {
+		delete(w.withdrawn, ticket)
+		return nil, nil, false
+	}
+	if w.waiting == nil {
+		w.waiting = map[string]context.CancelFunc{}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w.waiting[ticket] = cancel
+	return ctx, func() {
+		w.mu.Lock()
+		delete(w.waiting, ticket)
+		w.mu.Unlock()
+		cancel()
+	}, true
+}
+
+// withdraw ends the wait named ticket, or keeps it from starting should it
+// not have come yet (requests may overtake each other between replicas).
+func (w *standIns) withdraw(ticket string, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if cancel, ok := w.waiting[ticket]; ok {
+		cancel()
+		return
+	}
+	if w.withdrawn == nil {
+		w.withdrawn = map[string]time.Time{}
+	}
+	for t, at := range w.withdrawn {
+		// A wait withdrawn this long ago can no longer come: the acquire
+		// that sent it ended, and with it the request.
+		if now.Sub(at) > cheetah.MaxWait+withdrawGrace {
+			delete(w.withdrawn, t)
+		}
+	}
+	w.withdrawn[ticket] = now
+}
+
+// withdrawWait is POST /internal/v1/acquire/withdraw: the replica that
+// sent the wait named by the ticket header withdraws it.
+func (s *Server) withdrawWait(c *gin.Context) {
+	ticket := c.GetHeader(waitTicketHeader)
+	if ticket == "" {
+		s.fail(c, cheetah.Invalidf("%s is required", waitTicketHeader))
+		return
+	}
+	s.standIns.withdraw(ticket, s.cfg.Clock.Now())
+	c.Status(http.StatusNoContent)
 }
 
 // candidate is a replica that has a match for an acquire: nil peer is

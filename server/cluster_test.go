@@ -684,3 +684,93 @@ func TestClusterRefusesATakenURL(t *testing.T) {
 	_ = resp.Body.Close()
 	require.Equal(t, rs[0].Broker.Cluster.ID(), resp.Header.Get(cluster.ReplicaHeader), "every answer names its replica")
 }
+
+// Acquires that wait on different replicas get a context freed on any
+// replica first come first served, as on one registry: each waits in every
+// replica's queue at once, and the waits it did not need are withdrawn.
+func TestClusterWaitersAreServedInOrder(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	// The one context is on the last replica, where a wait held by its own
+	// registry would come first were the queues not one.
+	clusterAgent(t, rs[2].URL, rs[2].key(t, auth.Client, user), "agent-fifo", 1, nil)
+	held, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t0", "client_type": "console"})
+	require.NoError(t, err)
+
+	const waiters = 7
+	var mu sync.Mutex
+	var served []string
+	var wg sync.WaitGroup
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		task := fmt.Sprintf("w%d", i)
+		r := rs[(i+1)%len(rs)] // starting with another replica than the client's
+		wg.Go(func() {
+			l, err := acquireOn(t, r.api(appKey), map[string]any{"user_id": user, "task_id": task, "client_type": "console", "wait_ms": 60000})
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", task, err)
+				return
+			}
+			mu.Lock()
+			served = append(served, task)
+			mu.Unlock()
+			errs <- r.api(appKey).Do(ctx, "POST", "/api/v1/lease/release", nil, nil, "X-Lease", l.LeaseToken)
+		})
+		// The next comes once this one waits on every replica.
+		require.Eventually(t, func() bool {
+			own := 0
+			for _, r := range rs {
+				st := r.Broker.Registry.Stats()
+				if st.Waiters+st.StandIns != i+1 {
+					return false
+				}
+				own += st.Waiters
+			}
+			return own == i+1
+		}, 10*time.Second, 2*time.Millisecond, "waiter %d waits on every replica", i)
+	}
+	require.NoError(t, rs[0].api(appKey).Do(ctx, "POST", "/api/v1/lease/release", nil, nil, "X-Lease", held.LeaseToken))
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	want := make([]string, waiters)
+	for i := range want {
+		want[i] = fmt.Sprintf("w%d", i)
+	}
+	require.Equal(t, want, served, "served first come first served")
+	// Nothing is left waiting or held on any replica.
+	require.Eventually(t, func() bool {
+		for _, r := range rs {
+			st := r.Broker.Registry.Stats()
+			if st.Waiters+st.StandIns+st.Leases != 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// A waiting acquire that runs out of time withdraws its waits everywhere,
+// and one withdrawn before its wait arrives never starts it.
+func TestClusterWaitRunsOutEverywhere(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 3)
+	appKey := rs[0].key(t, auth.App, "")
+	clusterAgent(t, rs[1].URL, rs[1].key(t, auth.Client, user), "agent-out", 1, nil)
+	_, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t0", "client_type": "console"})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = acquireOn(t, rs[2].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "wait_ms": 300})
+	var nc *cheetah.NoContextError
+	require.ErrorAs(t, err, &nc)
+	require.Equal(t, cheetah.ReasonNoIdleWorker, nc.Reason)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	for i, r := range rs {
+		st := r.Broker.Registry.Stats()
+		require.Zero(t, st.Waiters+st.StandIns, "replica %d", i)
+	}
+}

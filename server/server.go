@@ -167,6 +167,8 @@ type Server struct {
 
 	// peerClient carries requests to the other replicas.
 	peerClient *http.Client
+	// standIns are the waits held here for other replicas' acquires.
+	standIns standIns
 }
 
 // New returns a Server for cfg.

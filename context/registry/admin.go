@@ -39,7 +39,8 @@ func (r *Registry) Pools() []PoolView {
 	defer r.mu.Unlock()
 	out := []PoolView{}
 	for uid, p := range r.users {
-		v := PoolView{UserID: uid, Clients: len(p.clients), Waiters: p.waiters.Len(),
+		own, _ := p.waiting()
+		v := PoolView{UserID: uid, Clients: len(p.clients), Waiters: own,
 			Contexts: map[string]int{cheetah.StateIdle: 0, cheetah.StateLeased: 0, cheetah.StateNotLive: 0, cheetah.StateHuman: 0}}
 		for _, c := range p.clients {
 			for _, w := range c.contexts {

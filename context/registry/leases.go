@@ -101,6 +101,9 @@ type waiter struct {
 	pool  *pool
 	// qelem is its place among the quota waiters, when a quota governs it.
 	qelem *list.Element
+	// standIn: it waits for an acquire another replica admitted
+	// (AcquireStandIn), which the views count there, not here.
+	standIn bool
 }
 
 type acquireResult struct {
@@ -134,8 +137,21 @@ func (l *lease) view(token string) cheetah.Lease {
 // application is better told at once that the broker cannot work than
 // handed a lease that fails on first use.
 func (r *Registry) Acquire(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
+	return r.acquireAs(ctx, req, false)
+}
+
+// AcquireStandIn is Acquire for an acquire that another replica admitted
+// and that waits in every replica's queue at once (DESIGN §9): it takes its
+// place in this registry's first-come-first-served order like any other,
+// but the views and gauges that count waiting acquires leave it out, since
+// the replica that admitted it counts it.
+func (r *Registry) AcquireStandIn(ctx context.Context, req cheetah.AcquireRequest) (cheetah.Lease, error) {
+	return r.acquireAs(ctx, req, true)
+}
+
+func (r *Registry) acquireAs(ctx context.Context, req cheetah.AcquireRequest, standIn bool) (cheetah.Lease, error) {
 	ctx, span := r.tel.startAcquire(ctx)
-	l, err := r.acquire(ctx, &req, span.SpanContext())
+	l, err := r.acquire(ctx, &req, span.SpanContext(), standIn)
 	if err == nil && r.cfg.DurableLeases {
 		l, err = r.awaitLeaseRow(ctx, l)
 	}
@@ -160,7 +176,7 @@ func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease) (cheetah.
 	return l, nil
 }
 
-func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc trace.SpanContext) (cheetah.Lease, error) {
+func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc trace.SpanContext, standIn bool) (cheetah.Lease, error) {
 	if err := normalizeAcquire(req, r.cfg.DefaultTTL); err != nil {
 		return cheetah.Lease{}, err
 	}
@@ -217,7 +233,7 @@ func (r *Registry) acquire(ctx context.Context, req *cheetah.AcquireRequest, sc 
 		r.mu.Unlock()
 		return cheetah.Lease{}, err
 	}
-	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1), pool: p}
+	wt := &waiter{req: *req, token: token, l: nl, ch: make(chan acquireResult, 1), pool: p, standIn: standIn}
 	wt.elem = p.waiters.PushBack(wt)
 	if len(nl.charges) > 0 {
 		wt.qelem = r.quotas.waiters.PushBack(wt)

@@ -147,6 +147,17 @@ func (w *wctx) state() string {
 	return cheetah.StateIdle
 }
 
+// waiting counts the acquires waiting in p that this replica admitted, and
+// those that wait here for another replica's (stand-ins); r.mu is held.
+func (p *pool) waiting() (own, standIns int) {
+	for e := p.waiters.Front(); e != nil; e = e.Next() {
+		if e.Value.(*waiter).standIn {
+			standIns++
+		}
+	}
+	return p.waiters.Len() - standIns, standIns
+}
+
 // refreshIdle puts w in or out of its pool's idle list to match its state,
 // handing a newly idle context to the first matching waiter; r.mu is held.
 // When that hand-over fails, the waiter gets the error and w still goes on

@@ -369,6 +369,9 @@ func (r *Registry) Close() {
 type Stats struct {
 	Clients, Contexts, Leases, Heap, Commands, Waiters, Preserving int
 	Ended, Finished                                                int
+	// StandIns counts the waits held here for acquires other replicas
+	// admitted; Waiters leaves them out.
+	StandIns int
 	// Slots counts the quota slots in use, every level and scope of every
 	// quota (quotas.go), and QuotaWaiters the waiting acquires quotas govern.
 	Slots, QuotaWaiters int
@@ -384,7 +387,9 @@ func (r *Registry) Stats() Stats {
 		Ended: r.endedLeases.len(), Finished: r.endedCommands.len()}
 	for _, p := range r.users {
 		s.Clients += len(p.clients)
-		s.Waiters += p.waiters.Len()
+		own, standIns := p.waiting()
+		s.Waiters += own
+		s.StandIns += standIns
 		for _, c := range p.clients {
 			s.Contexts += len(c.contexts)
 		}

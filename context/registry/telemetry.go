@@ -227,7 +227,8 @@ func (r *Registry) gauges() gaugeCounts {
 	defer r.mu.Unlock()
 	s.leases, s.inflight = len(r.leases), len(r.commands)
 	for _, p := range r.users {
-		s.waiters += p.waiters.Len()
+		own, _ := p.waiting()
+		s.waiters += own
 		for _, c := range p.clients {
 			state := "connected"
 			if c.conn == nil {
