@@ -147,7 +147,10 @@ func brokerEnv(t *testing.T) (*server.Broker, *sdktest.Env) {
 		ClientKey: func(t *testing.T, userID string) string {
 			return makeKey(t, b, auth.Client, userID)
 		},
-		Revoke:           b.Registry.Revoke,
+		Revoke: func(userID, clientID, contextID string) bool {
+			ok, err := b.Registry.Revoke(context.Background(), userID, clientID, contextID)
+			return err == nil && ok
+		},
 		PendingCreations: func() int { return b.Registry.Stats().Creations },
 		SetQuotas: func(t *testing.T, doc string) {
 			qs, err := quota.Parse([]byte(doc))

@@ -89,7 +89,11 @@ func mergePools(ps []registry.PoolView) []registry.PoolView {
 // revoke ends the lease on a context with reason revoked; the client gets an
 // assignment frame saying so.
 func (s *Server) revoke(c *gin.Context) {
-	ok := s.reg.Revoke(c.Param("user_id"), c.Param("client_id"), c.Param("context_id"))
+	ok, err := s.reg.Revoke(c.Request.Context(), c.Param("user_id"), c.Param("client_id"), c.Param("context_id"))
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
 	if !ok {
 		ok = anyTrue(s.gather(c, nil, http.StatusOK), "revoked")
 	}

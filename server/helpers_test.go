@@ -214,3 +214,11 @@ func (b *broker) connectAgent(clientID string, contexts ...string) *wsClient {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// requireRevoked revokes the lease on a context, which must carry one.
+func requireRevoked(t *testing.T, reg *registry.Registry, userID, clientID, contextID string) {
+	t.Helper()
+	ok, err := reg.Revoke(context.Background(), userID, clientID, contextID)
+	require.NoError(t, err)
+	require.True(t, ok, "a lease to revoke on %s", contextID)
+}

@@ -50,7 +50,7 @@ func TestLeaseLostWebhook(t *testing.T) {
 	released := acquire("released", 60)
 	b.do("POST", "/api/v1/lease/release", b.appKey, nil, nil, "X-Lease", released.LeaseToken)
 	revoked := acquire("revoked", 60)
-	require.True(t, b.reg.Revoke(user, "agent-1", revoked.ContextID))
+	requireRevoked(t, b.reg, user, "agent-1", revoked.ContextID)
 	ll := lost()
 	require.Equal(t, cheetah.LostRevoked, ll.Reason)
 	require.Equal(t, revoked.Epoch, ll.Lease.Epoch)

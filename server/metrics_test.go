@@ -157,7 +157,7 @@ func TestMetricsScrape(t *testing.T) {
 	// A revoke and a client that goes away.
 	h, err = mgr.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "metered", ClientType: cheetah.Console})
 	require.NoError(t, err)
-	require.True(t, b.reg.Revoke(user, "agent-1", h.ContextID()))
+	requireRevoked(t, b.reg, user, "agent-1", h.ContextID())
 	require.NoError(t, agent.conn.CloseNow())
 	require.Eventually(t, func() bool {
 		return b.scrape().value("cheetah_clients", "client_type", "console", "state", "away") == 1

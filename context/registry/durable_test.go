@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -339,4 +340,63 @@ func TestInsertDuringOutageShowsCancelledLater(t *testing.T) {
 	require.NotNil(t, rec.DispatchedAt)
 	require.True(t, rec.Messages[0].Late, "the client's answer after the cancel is late")
 	require.Zero(t, e.reg.Stats().Commands)
+}
+
+// deleteGated is a store that holds every lease row's deletion until gate
+// is closed, says on deleting when one comes, and marks committed once the
+// store committed it.
+type deleteGated struct {
+	*history.Store
+	gate      chan struct{}
+	deleting  chan struct{}
+	committed atomic.Bool
+}
+
+func (s *deleteGated) WriteAsync(done func(error), ops ...history.Op) {
+	for _, op := range ops {
+		if _, ok := op.(history.DeleteLease); ok {
+			s.deleting <- struct{}{}
+			go func() {
+				<-s.gate
+				s.Store.WriteAsync(func(err error) {
+					s.committed.Store(err == nil)
+					if done != nil {
+						done(err)
+					}
+				}, ops...)
+			}()
+			return
+		}
+	}
+	s.Store.WriteAsync(done, ops...)
+}
+
+// With durable leases, a revoke returns once the lease's row is deleted, as
+// a release does: a replica that dies right after cannot bring it back.
+func TestRevokeAndReleaseWaitForTheRow(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"revoke", "release"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			base := historytest.NewSQLite(t)
+			gs := &deleteGated{Store: base, gate: make(chan struct{}), deleting: make(chan struct{}, 1)}
+			e := setupOn(t, gs, base, func(c *registry.Config) { c.DurableLeases, c.TokenTag = true, "0000abcd" })
+			e.connect("a", cheetah.Console, nil, worker("w1"))
+			l := e.mustAcquire("t")
+			returned := make(chan bool, 1)
+			go func() {
+				var ok bool
+				var err error
+				if end == "revoke" {
+					ok, err = e.reg.Revoke(context.Background(), user, "a", "w1")
+				} else {
+					ok, err = e.reg.Release(context.Background(), l)
+				}
+				returned <- err == nil && ok && gs.committed.Load()
+			}()
+			<-gs.deleting
+			close(gs.gate)
+			require.True(t, <-returned, "%s returned once its row was deleted", end)
+		})
+	}
 }

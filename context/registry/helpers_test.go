@@ -140,6 +140,14 @@ func (e *env) acquire(task string, mods ...func(*cheetah.AcquireRequest)) (cheet
 	return e.reg.Acquire(context.Background(), req)
 }
 
+// revoked revokes the lease on a context, which must carry one.
+func (e *env) revoked(userID, clientID, contextID string) {
+	e.t.Helper()
+	ok, err := e.reg.Revoke(context.Background(), userID, clientID, contextID)
+	require.NoError(e.t, err)
+	require.True(e.t, ok, "a lease to revoke on %s", contextID)
+}
+
 func (e *env) mustAcquire(task string, mods ...func(*cheetah.AcquireRequest)) cheetah.Lease {
 	e.t.Helper()
 	l, err := e.acquire(task, mods...)

@@ -574,16 +574,20 @@ func (r *Registry) ReleaseAll(_ context.Context, tokens []string) (int, error) {
 }
 
 // Revoke ends the lease on a context, if any, with reason revoked, and tells
-// the client.
-func (r *Registry) Revoke(userID, clientID, contextID string) bool {
+// the client. It reports whether there was one. With durable leases, as a
+// release, it returns once the lease's row is deleted, so that no replica's
+// death can bring a revoked lease back.
+func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID string) (bool, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	w := r.findContext(userID, clientID, contextID)
 	if w == nil || w.lease == nil {
-		return false
+		r.mu.Unlock()
+		return false, nil
 	}
-	r.endLease(w.lease, cheetah.LostRevoked)
-	return true
+	l := w.lease
+	r.endLease(l, cheetah.LostRevoked)
+	r.mu.Unlock()
+	return true, awaitStored(ctx, l.gone)
 }
 
 func (r *Registry) findContext(userID, clientID, contextID string) *wctx {

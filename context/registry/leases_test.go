@@ -193,8 +193,10 @@ func TestLostReasons(t *testing.T) {
 		e := setup(t)
 		c := e.connect("a", cheetah.Console, nil, worker("w1"))
 		l := e.mustAcquire("t")
-		require.True(t, e.reg.Revoke(user, "a", "w1"))
-		require.False(t, e.reg.Revoke(user, "a", "w1"))
+		e.revoked(user, "a", "w1")
+		ok, err := e.reg.Revoke(context.Background(), user, "a", "w1")
+		require.NoError(t, err)
+		require.False(t, ok)
 		require.Equal(t, cheetah.LostRevoked, lostReason(t, send(e, l)))
 		waitFor(t, c.conn, func(a *protocol.Assignment) bool { return a.State == protocol.AssignmentRevoked })
 	})
@@ -269,7 +271,7 @@ func TestClearStateAtBothEndsOfALease(t *testing.T) {
 	require.Equal(t, l.Epoch, told.Epoch)
 	require.False(t, told.ClearState, "a lease told again after a reconnect is not cleared in the middle")
 
-	require.True(t, e.reg.Revoke(user, "a", "w1"))
+	e.revoked(user, "a", "w1")
 	ended := waitFor(t, again, func(a *protocol.Assignment) bool { return a.State == protocol.AssignmentRevoked })
 	require.True(t, ended.ClearState, "cleared when the lease ends, however it ends")
 

@@ -46,7 +46,7 @@ func TestWatchLease(t *testing.T) {
 	stop2()
 	ch2b, stop2b := watch(l2)
 	defer stop2b()
-	require.True(t, e.reg.Revoke(user, "a", l2.ContextID))
+	e.revoked(user, "a", l2.ContextID)
 	require.Equal(t, cheetah.LostRevoked, got(ch2b))
 	require.Empty(t, ch2, "a stopped watch hears nothing")
 
@@ -91,7 +91,7 @@ func TestHandOverKeepsLeaseWebhook(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, moved, 1)
 	require.True(t, moved[0].ClearState, "clear_state moves with the lease")
-	require.True(t, b.reg.Revoke(user, "c", l.ContextID))
+	b.revoked(user, "c", l.ContextID)
 	ev := <-ended
 	require.Equal(t, "https://example.com/lost", ev.LeaseWebhook)
 	require.Equal(t, "key_1", ev.LeaseWebhookKeyID)

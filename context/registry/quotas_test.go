@@ -273,7 +273,7 @@ func TestQuotaSlotsReturnEveryWay(t *testing.T) {
 	require.Zero(t, slots(), "expired")
 
 	l = e.mustAcquire("t")
-	require.True(t, e.reg.Revoke(user, l.ClientID, l.ContextID))
+	e.revoked(user, l.ClientID, l.ContextID)
 	require.Zero(t, slots(), "revoked")
 
 	l = e.mustAcquire("t")

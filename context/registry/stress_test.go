@@ -137,7 +137,7 @@ func TestConcurrentInvariants(t *testing.T) {
 					case 2:
 						_, err = e.reg.Renew(ctx, l, 0)
 					case 3:
-						e.reg.Revoke(user, l.ClientID, l.ContextID)
+						_, _ = e.reg.Revoke(context.Background(), user, l.ClientID, l.ContextID)
 					}
 					var lost *cheetah.LeaseLostError
 					if errors.As(err, &lost) && allowed[lost.Reason] {

@@ -147,7 +147,7 @@ func FuzzStateReport(f *testing.F) {
 					connected = true
 				}
 			case 6: // revoke
-				reg.Revoke(user, "cl", fmt.Sprintf("x%d", next(&i)%6))
+				_, _ = reg.Revoke(context.Background(), user, "cl", fmt.Sprintf("x%d", next(&i)%6))
 			}
 			verify(t, reg, user, current, connected && reported, leases, chk)
 		}

@@ -86,7 +86,7 @@ func (d regDriver) Send(ctx context.Context, l cheetah.Lease) error {
 	return err
 }
 func (d regDriver) Revoke(_ context.Context, i int) (bool, error) {
-	return d.reg.Revoke(d.user, "lin-client", fmt.Sprintf("c%d", i)), nil
+	return d.reg.Revoke(context.Background(), d.user, "lin-client", fmt.Sprintf("c%d", i))
 }
 func (d regDriver) ContextIndex(id string) int { return contextIndex(id) }
 
