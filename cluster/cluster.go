@@ -258,6 +258,10 @@ func (m *Member) register(mp metric.MeterProvider) error {
 // ID returns the replica's id.
 func (m *Member) ID() string { return m.cfg.ID }
 
+// TTL returns how long a replica's row lives unless renewed: a replica that
+// stops renewing is reaped within about that.
+func (m *Member) TTL() time.Duration { return m.cfg.TTL }
+
 // URL returns where the other replicas reach this one.
 func (m *Member) URL() string { return m.cfg.URL }
 

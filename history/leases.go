@@ -221,6 +221,39 @@ WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at >
 	return out, nil
 }
 
+// LeasedElsewhere returns the contexts of a user's client whose lease rows
+// another replica holds, one not reaped yet, and have not expired: a
+// replica the client reconnected to leases none of them until that
+// replica hands them over, or is reaped and they are orphaned for it.
+func (s *Store) LeasedElsewhere(ctx context.Context, userID, clientID string) ([]string, error) {
+	const op = "history.LeasedElsewhere"
+	if err := s.clustered(op); err != nil {
+		return nil, err
+	}
+	var ids []string
+	err := s.db.WithContext(ctx).Raw(`SELECT DISTINCT context_id FROM leases
+WHERE user_id = ? AND client_id = ? AND orphaned_at IS NULL AND expires_at > now()
+AND replica_id <> COALESCE(current_setting('`+replicaSetting+`', true), '')`, userID, clientID).Scan(&ids).Error
+	if err != nil {
+		return nil, s.replicaErr(op, err)
+	}
+	return ids, nil
+}
+
+// LeaseRowHeld reports whether the lease of digest has a row that has not
+// expired: a lease that no replica holds now (its replica died) but that a
+// replica may adopt.
+func (s *Store) LeaseRowHeld(ctx context.Context, digest [32]byte) (bool, error) {
+	const op = "history.LeaseRowHeld"
+	if err := s.clustered(op); err != nil {
+		return false, err
+	}
+	var held bool
+	err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM leases WHERE token_digest = ? AND expires_at > now())`, digest[:]).
+		Scan(&held).Error
+	return held, s.replicaErr(op, err)
+}
+
 // OrphanedClients returns the clients that have orphaned lease rows, by
 // user id then client id.
 func (s *Store) OrphanedClients(ctx context.Context) ([][2]string, error) {

@@ -169,6 +169,7 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 			}, AfterTick: func(ctx context.Context) {
 				if s := srvRef.Load(); s != nil {
 					s.adoptOrphans(ctx)
+					s.lapseAwaiting(ctx)
 				}
 			}})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -127,8 +128,28 @@ func (s *Server) toHolder(c *gin.Context) {
 	if found {
 		s.pass(c, next)
 		c.Abort()
+		return
+	}
+	if !s.reg.Knows(token) {
+		// No replica holds it: if its row is there, its replica died and
+		// the lease awaits adoption by the replica its client reconnects
+		// to. Told lease_lost now, the caller would give up a lease that
+		// is back in a moment.
+		held, err := s.store.LeaseRowHeld(c.Request.Context(), registry.TokenDigest(token))
+		if err != nil {
+			s.fail(c, err)
+			c.Abort()
+		} else if held {
+			s.fail(c, errLeaseAdrift)
+			c.Abort()
+		}
 	}
 }
+
+// errLeaseAdrift answers a request on a lease whose replica died and that
+// no replica has adopted yet: the replica its client reconnects to adopts
+// it within a few seconds.
+var errLeaseAdrift = cheetah.StoreUnavailable("cluster", errors.New("the replica that held this lease is gone and the lease awaits adoption: try again shortly"))
 
 // maxHops bounds how many replicas pass one request on.
 const maxHops = 3
@@ -216,19 +237,59 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 		}
 	}
 	// No live replica held it: its replica may have died, leaving its
-	// leases orphaned.
+	// leases orphaned, or may not be reaped yet, or may be cut off from
+	// this one: the contexts it holds leases of wait for them
+	// (lapseAwaiting).
 	rows, err := s.store.OrphanedLeases(ctx, userID, clientID)
-	if err != nil || len(rows) == 0 {
+	if err != nil {
 		return
 	}
-	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows))}
+	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
+	if err != nil {
+		return
+	}
+	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows)+len(elsewhere))}
 	for _, row := range rows {
 		h.Contexts = append(h.Contexts, registry.HandedContext{ID: row.ContextID, Lease: &registry.HandedLease{
 			TokenDigest: hex.EncodeToString(row.TokenDigest[:]), TaskID: row.TaskID, Epoch: row.Epoch,
 			TTL: row.TTL, ExpiresAt: row.ExpiresAt, RenewOnUse: row.RenewOnUse, ClearState: row.ClearState,
 			Generation: row.Generation}})
 	}
-	s.reg.Adopt(userID, clientID, h)
+	until := s.cfg.Clock.Now().Add(awaitFor(m, s.reg.ReconnectGrace()))
+	for _, id := range elsewhere {
+		h.Contexts = append(h.Contexts, registry.HandedContext{ID: id, AwaitUntil: until})
+	}
+	if len(h.Contexts) > 0 {
+		s.reg.Adopt(userID, clientID, h)
+	}
+	if len(elsewhere) > 0 {
+		s.log.Info("cluster: contexts wait for their leases, held by a replica that did not hand them over",
+			"user_id", userID, "client_id", clientID, "contexts", len(elsewhere))
+	}
+}
+
+// awaitFor bounds how long a context waits for a lease another replica
+// holds and did not hand over: that replica, if dead, is reaped within
+// about two TTLs, and its orphans adopted at the next tick; if alive but
+// cut off from this one, it ends the lease once its client has been away
+// for the reconnect grace. The wait ends sooner once the lease's row is
+// gone or adopted.
+func awaitFor(m *cluster.Member, grace time.Duration) time.Duration {
+	return grace + 3*m.TTL()
+}
+
+// lapseAwaiting ends the waits of contexts whose lease rows another
+// replica no longer holds (released there, or orphaned and adopted here
+// by adoptOrphans just before), or whose wait ran out. The member runs it
+// every tick.
+func (s *Server) lapseAwaiting(ctx context.Context) {
+	for _, uc := range s.reg.Awaiting() {
+		held, err := s.store.LeasedElsewhere(ctx, uc[0], uc[1])
+		if err != nil {
+			return
+		}
+		s.reg.StopAwaiting(uc[0], uc[1], held)
+	}
 }
 
 // adoptOrphans gives back the leases of replicas that died to their
@@ -251,7 +312,7 @@ func (s *Server) adoptOrphans(ctx context.Context) {
 			return
 		}
 		if n := s.reg.AdoptOrphans(uc[0], uc[1], rows); n > 0 {
-			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "leases", n)
+			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "adopted", n)
 		}
 	}
 }
@@ -375,15 +436,19 @@ func (s *Server) awaitEnd(c *gin.Context, commandID string) {
 	}
 }
 
-// peerAnswer is one replica's answer to a request passed on.
+// peerAnswer is one replica's answer to a request passed on. lost: the
+// request went out and its answer did not come back (status is 0): the
+// peer may have acted on it.
 type peerAnswer struct {
 	status int
 	body   []byte
+	lost   bool
 }
 
 // ask sends one request to peer on behalf of c's caller: its key, the
-// method and path given, and body. It returns nil when the peer did not
-// answer.
+// method and path given, and body. It returns nil when the request could
+// not be sent, and an answer that is lost when it went out and no answer
+// came.
 func (s *Server) ask(ctx context.Context, c *gin.Context, p cluster.Peer, method, uri string, body []byte, headers ...string) *peerAnswer {
 	return s.askPeer(ctx, p, method, uri, body, append(headers, callerHeaders(c)...))
 }
@@ -420,14 +485,24 @@ func (s *Server) askPeer(ctx context.Context, p cluster.Peer, method, uri string
 		if ctx.Err() == nil {
 			s.cfg.Log.Warn("cluster: a replica did not answer", "replica", p.ID, "err", err)
 		}
-		return nil
+		if notSent(err) {
+			return nil
+		}
+		return &peerAnswer{lost: true}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil
+		return &peerAnswer{lost: true}
 	}
 	return &peerAnswer{status: resp.StatusCode, body: b}
+}
+
+// notSent reports whether err, from sending a request, means it never
+// reached the peer: no connection could be made.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // gather asks every other replica the request c came with (method, path
@@ -541,6 +616,8 @@ func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b c
 		case o.err == errNoAnswer:
 			// A replica draining, fenced or busy has nothing to give: as
 			// one that did not answer, not a failure of the acquire.
+		case o.err == errAcquireLost:
+			return cheetah.Lease{}, o.err
 		case !errors.Is(o.err, cheetah.ErrNoContextAvailable):
 			return cheetah.Lease{}, o.err
 		default:
@@ -564,9 +641,17 @@ const waitTicketHeader = "Cheetah-Wait-Ticket"
 // that has not answered is cut off.
 const withdrawGrace = 2 * time.Second
 
-// errNoAnswer is the outcome of asking a replica that did not answer, or
-// could not act (draining, fenced, overloaded): it has nothing to give.
+// errNoAnswer is the outcome of asking a replica that could not be
+// reached, or could not act (draining, fenced, overloaded): it has nothing
+// to give.
 var errNoAnswer = errors.New("cluster: the replica did not answer")
+
+// errAcquireLost ends an acquire that another replica may have served:
+// its answer was lost (the replica died or the connection broke under
+// it), and a lease it made, if any, is held by no caller until its TTL
+// runs out or an admin revokes it. Another lease handed out on top would
+// be a second one for one acquire.
+var errAcquireLost = cheetah.StoreUnavailable("cluster", errors.New("a replica asked for a context did not answer: whether it gave one is unknown"))
 
 // acquireOutcome is what one replica answered an acquire: a lease, or why
 // not. peer is nil for this replica.
@@ -582,7 +667,9 @@ func (s *Server) acquireOn(ctx context.Context, c *gin.Context, peer cluster.Pee
 	o := acquireOutcome{peer: &peer, err: errNoAnswer}
 	a := s.ask(ctx, c, peer, http.MethodPost, "/api/v1/acquire", body, headers...)
 	switch {
-	case a == nil, a.status >= http.StatusInternalServerError, a.status == http.StatusTooManyRequests:
+	case a != nil && a.lost && ctx.Err() == nil:
+		o.err = errAcquireLost
+	case a == nil, a.lost, a.status >= http.StatusInternalServerError, a.status == http.StatusTooManyRequests:
 	case a.status == http.StatusCreated:
 		var got struct{ Lease cheetah.Lease }
 		if json.Unmarshal(a.body, &got) == nil {

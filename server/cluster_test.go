@@ -17,6 +17,7 @@ import (
 	"github.com/cheetahbroker/cheetah/agent"
 	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
@@ -773,4 +774,28 @@ func TestClusterWaitRunsOutEverywhere(t *testing.T) {
 		st := r.Broker.Registry.Stats()
 		require.Zero(t, st.Waiters+st.StandIns, "replica %d", i)
 	}
+}
+
+// A lease that no replica holds while its row is there (its replica died,
+// and the replica its client reconnected to has not adopted it yet) is
+// answered 503 on every replica, never lease_lost: it is back in a moment.
+func TestClusterLeaseAwaitingAdoptionIsUnavailable(t *testing.T) {
+	t.Parallel()
+	rs := startCluster(t, 2)
+	ctx := context.Background()
+	appKey := rs[0].key(t, auth.App, "")
+	// The token of a replica that is no member (it died and was reaped),
+	// whose row is still there.
+	token := "dead0000" + "0123456789abcdef01234567"
+	require.NoError(t, rs[0].Broker.Store.Write(ctx, history.PutLease{Kind: history.LeaseNew, TokenDigest: registry.TokenDigest(token),
+		UserID: user, ClientID: "gone", ContextID: "w1", TaskID: "t", Epoch: 7, TTL: time.Minute, ExpiresAt: time.Now().Add(time.Minute)}))
+	for i, r := range rs {
+		for _, route := range []string{"/api/v1/lease/renew", "/api/v1/commands", "/api/v1/lease/release"} {
+			err := r.api(appKey).Do(ctx, "POST", route, map[string]any{"name": "echo"}, nil, "X-Lease", token)
+			require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "replica %d, %s", i, route)
+		}
+	}
+	// A token without a row is lost, as on one node.
+	err := rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", "dead0000"+"fedcba9876543210fedcba98")
+	requireLost(t, err, cheetah.LostUnknownLease)
 }

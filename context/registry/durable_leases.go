@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -123,6 +124,7 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 		w.lease = l
 		w.lastEpoch = max(w.lastEpoch, l.epoch)
 		r.leases[key] = l
+		r.stopAwaiting(w)
 		r.pushDeadline(l)
 		r.refreshIdle(w)
 		r.storeMoved(l)
@@ -132,6 +134,58 @@ func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease
 		n++
 	}
 	return n
+}
+
+// A client that reconnects here while the replica it left holds leases of
+// its contexts and does not answer (dead, and not reaped yet, or cut off
+// from this one) has those contexts wait (Adopt with HandedContext's
+// AwaitUntil): leased here meanwhile, they would be leased twice, once
+// that replica is reaped and its leases orphaned for adoption here.
+
+// stopAwaiting ends w's wait for a lease held elsewhere; r.mu is held.
+func (r *Registry) stopAwaiting(w *wctx) {
+	if w.awaiting {
+		w.awaiting = false
+		delete(r.awaiting, w)
+	}
+}
+
+// Awaiting returns the clients that have contexts waiting for a lease
+// another replica holds, as user id and client id.
+func (r *Registry) Awaiting() [][2]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[[2]string]bool{}
+	var out [][2]string
+	for w := range r.awaiting {
+		k := [2]string{w.client.pool.userID, w.client.id}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// StopAwaiting ends the wait of each context of the client that is not in
+// held (the contexts whose lease another replica still holds), or whose
+// wait ran out: it may be leased here again.
+func (r *Registry) StopAwaiting(userID, clientID string, held []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	for w, until := range r.awaiting {
+		if w.client.pool.userID != userID || w.client.id != clientID {
+			continue
+		}
+		if slices.Contains(held, w.id) && now.Before(until) {
+			continue
+		}
+		r.stopAwaiting(w)
+		if r.findContext(userID, clientID, w.id) == w {
+			r.refreshIdle(w)
+		}
+	}
 }
 
 // Connected reports whether the client is connected here.
@@ -152,6 +206,7 @@ func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace 
 func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	clear(r.awaiting)
 	for _, p := range r.users {
 		for _, c := range p.clients {
 			if c.conn != nil {

@@ -33,6 +33,11 @@ type HandedContext struct {
 	Lease  *HandedLease      `json:"lease,omitempty"`
 	// LastEpoch is the epoch of its last lease: its next is above it.
 	LastEpoch int64 `json:"last_epoch,omitempty"`
+	// AwaitUntil, with no Lease, says that another replica holds its lease
+	// and has not handed it over: it is not leased here until then, or
+	// until that lease comes here or is gone (StopAwaiting). A client
+	// handed over moves on with its contexts' waits.
+	AwaitUntil time.Time `json:"await_until,omitzero"`
 }
 
 // HandedLease is a lease that moves with its client. The token never
@@ -89,6 +94,10 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 			w.lease = nil
 			r.moved.put(l.key.ended(), to, now)
 		}
+		if w.awaiting {
+			hc.AwaitUntil = r.awaiting[w]
+			r.stopAwaiting(w)
+		}
 		out.Contexts = append(out.Contexts, hc)
 		w.live = false
 		r.refreshIdle(w)
@@ -123,6 +132,14 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 		}
 		last := w.lastEpoch
 		w.lastEpoch = max(w.lastEpoch, hc.LastEpoch)
+		if hc.Lease == nil && !hc.AwaitUntil.IsZero() && w.lease == nil {
+			w.awaiting = true
+			if hc.AwaitUntil.After(r.awaiting[w]) {
+				r.awaiting[w] = hc.AwaitUntil
+			}
+			r.refreshIdle(w)
+			continue
+		}
 		hl := hc.Lease
 		if hl == nil || w.lease != nil || hl.Epoch <= last {
 			continue
@@ -142,6 +159,7 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 		w.lastEpoch = max(w.lastEpoch, hl.Epoch)
 		w.lease = l
 		r.leases[key] = l
+		r.stopAwaiting(w)
 		r.pushDeadline(l)
 		r.refreshIdle(w)
 		r.storeMoved(l)

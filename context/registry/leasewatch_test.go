@@ -9,6 +9,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -135,4 +136,57 @@ func TestAdoptMergesIntoAClientStillHere(t *testing.T) {
 	ok, err = b.reg.Release(ctx, l)
 	require.NoError(t, err)
 	require.True(t, ok, "and its holder gives it back there")
+}
+
+// A context whose lease another replica holds and did not hand over waits
+// for it: not leased here, not even once the client reports it, until the
+// lease comes (AdoptOrphans), that replica lets it go (StopAwaiting
+// without it), or the wait runs out; a client handed on takes the wait
+// with it.
+func TestContextsAwaitTheirLeaseFromElsewhere(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t), setup(t)
+	until := a.clock.Now().Add(time.Minute)
+	a.reg.Adopt(user, "back", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "w1", AwaitUntil: until}}})
+	att := a.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "back", Type: cheetah.Console}, newFakeConn())
+	a.reg.Report(att, []protocol.ContextReport{worker("w1"), worker("w2")})
+	l := a.mustAcquire("t1")
+	require.Equal(t, "w2", l.ContextID, "w1 awaits its lease")
+	_, err := a.acquire("t2")
+	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable)
+
+	// Still held elsewhere: it waits on; its client moves on with the wait.
+	a.reg.StopAwaiting(user, "back", []string{"w1"})
+	_, err = a.acquire("t2")
+	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable)
+	h, moved := a.reg.HandOver(user, "back", "b")
+	require.True(t, moved)
+	b.reg.Adopt(user, "back", h)
+	att = b.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "back", Type: cheetah.Console}, newFakeConn())
+	b.reg.Report(att, []protocol.ContextReport{worker("w1")})
+	_, err = b.acquire("t2")
+	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable, "the wait moved with the client")
+	require.Equal(t, [][2]string{{user, "back"}}, b.reg.Awaiting())
+
+	// Its lease comes: it holds the context as it was.
+	row := history.PutLease{TokenDigest: registry.TokenDigest("kept-token"), UserID: user, ClientID: "back", ContextID: "w1",
+		TaskID: "kept", Epoch: 40, TTL: time.Minute, ExpiresAt: b.clock.Now().Add(time.Minute)}
+	require.Equal(t, 1, b.reg.AdoptOrphans(user, "back", []history.PutLease{row}))
+	require.Empty(t, b.reg.Awaiting())
+	_, err = send(b, cheetah.Lease{UserID: user, ClientID: "back", ContextID: "w1", TaskID: "kept", Epoch: 40, LeaseToken: "kept-token"}, "echo")
+	require.NoError(t, err)
+
+	// Let go elsewhere, or out of time: the context is free.
+	c := setup(t)
+	c.reg.Adopt(user, "gone", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "x1", AwaitUntil: c.clock.Now().Add(time.Minute)}, {ID: "x2", AwaitUntil: c.clock.Now().Add(time.Minute)}}})
+	att = c.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "gone", Type: cheetah.Console}, newFakeConn())
+	c.reg.Report(att, []protocol.ContextReport{worker("x1"), worker("x2")})
+	c.reg.StopAwaiting(user, "gone", []string{"x2"})
+	got := c.mustAcquire("t3")
+	require.Equal(t, "x1", got.ContextID, "x1's lease is gone elsewhere")
+	_, err = c.acquire("t4")
+	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable)
+	c.clock.Advance(time.Minute)
+	c.reg.StopAwaiting(user, "gone", []string{"x2"})
+	require.Equal(t, "x2", c.mustAcquire("t4").ContextID, "x2's wait ran out")
 }

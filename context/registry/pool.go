@@ -88,6 +88,9 @@ type wctx struct {
 	// admitted mutations not yet ended, which a pending hold waits for.
 	hold     *hold
 	mutating int
+	// awaiting: its lease is on another replica that has not handed it
+	// over (durable_leases.go); it is not leased here meanwhile.
+	awaiting bool
 }
 
 func (r *Registry) poolFor(userID string) *pool {
@@ -132,7 +135,7 @@ func (w *wctx) matches(req *cheetah.AcquireRequest) bool {
 }
 
 func (w *wctx) idle() bool {
-	return w.live && w.owner == cheetah.OwnerWorker && w.lease == nil && w.hold == nil
+	return w.live && w.owner == cheetah.OwnerWorker && w.lease == nil && w.hold == nil && !w.awaiting
 }
 
 func (w *wctx) state() string {
@@ -141,7 +144,7 @@ func (w *wctx) state() string {
 		return cheetah.StateNotLive
 	case w.owner != cheetah.OwnerWorker:
 		return cheetah.StateHuman
-	case w.lease != nil:
+	case w.lease != nil, w.awaiting:
 		return cheetah.StateLeased
 	}
 	return cheetah.StateIdle

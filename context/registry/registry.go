@@ -178,9 +178,12 @@ type Registry struct {
 	log   *slog.Logger
 	tel   *telemetry
 
-	mu          sync.Mutex
-	users       map[string]*pool
-	leases      map[tokenKey]*lease         // active leases by token digest
+	mu     sync.Mutex
+	users  map[string]*pool
+	leases map[tokenKey]*lease // active leases by token digest
+	// awaiting holds the contexts whose lease another replica holds, and
+	// until when they wait for it (durable_leases.go).
+	awaiting    map[*wctx]time.Time
 	heap        leaseHeap                   // active leases that may expire, by deadline
 	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
 	moved       *memo[endedKey, string]     // leases handed over with their client, to the replica (handover.go)
@@ -239,6 +242,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		log:           cfg.Log,
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
+		awaiting:      map[*wctx]time.Time{},
 		endedLeases:   newMemo[endedKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
 		moved:         newMemo[endedKey, string](max(cfg.EndedMemory, MaxTTL), cfg.EndedMax),
 		commands:      map[string]*command{},
@@ -422,7 +426,11 @@ func (r *Registry) PruneMemory() {
 // the registry keeps no token that a memory dump could show.
 type tokenKey [sha256.Size]byte
 
-func keyOf(token string) tokenKey { return sha256.Sum256([]byte(token)) }
+func keyOf(token string) tokenKey { return TokenDigest(token) }
+
+// TokenDigest is what the registry and the store know a lease token by:
+// the token itself is never kept.
+func TokenDigest(token string) [sha256.Size]byte { return sha256.Sum256([]byte(token)) }
 
 // TokenTagLen is the length of Config.TokenTag.
 const TokenTagLen = 8
