@@ -5,9 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -88,23 +87,7 @@ func (d regDriver) Send(ctx context.Context, l cheetah.Lease) error {
 func (d regDriver) Revoke(_ context.Context, i int) (bool, error) {
 	return d.reg.Revoke(context.Background(), d.user, "lin-client", fmt.Sprintf("c%d", i))
 }
-func (d regDriver) ContextIndex(id string) int { return contextIndex(id) }
-
-func contextIndex(id string) int {
-	n, err := strconv.Atoi(strings.TrimPrefix(id, "c"))
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-func reports() []protocol.ContextReport {
-	var reps []protocol.ContextReport
-	for i := range nContexts {
-		reps = append(reps, rig.Worker(fmt.Sprintf("c%d", i)))
-	}
-	return reps
-}
+func (d regDriver) ContextIndex(id string) int { return ContextIndex(id) }
 
 // TestRegistryLinearizable checks histories recorded against the registry
 // in process, each on a fresh registry over one SQLite store.
@@ -116,7 +99,7 @@ func TestRegistryLinearizable(t *testing.T) {
 		reg, err := registry.New(context.Background(), registry.Config{Store: store, EpochBlock: 16})
 		require.NoError(t, err)
 		att := reg.Connect(registry.ClientInfo{UserID: "usr_lin", ClientID: "lin-client", Type: cheetah.Console}, nullConn{})
-		reg.Report(att, reports())
+		reg.Report(att, Reports(nContexts))
 		h := Record(regDriver{reg: reg, user: "usr_lin"}, uint64(i), *goroutines, *opsEach)
 		check(t, fmt.Sprintf("registry history %d", i), h)
 		ops += len(h)
@@ -126,58 +109,6 @@ func TestRegistryLinearizable(t *testing.T) {
 		reg.Close()
 	}
 	t.Logf("%d histories, %d operations, all linearizable", *histories, ops)
-}
-
-type httpDriver struct {
-	api       *rig.API
-	app, user string
-	client    string
-	admin     string
-}
-
-func (d httpDriver) Acquire(ctx context.Context) (cheetah.Lease, error) {
-	l, ans := d.api.Acquire(ctx, d.app, map[string]any{"user_id": d.user, "task_id": "lin", "client_type": "console", "ttl_s": 3600})
-	return l, answerErr(ans, 201)
-}
-func (d httpDriver) Release(ctx context.Context, l cheetah.Lease) (bool, error) {
-	ans := d.api.Do(ctx, "POST", "/api/v1/lease/release", d.app, nil, "X-Lease", l.LeaseToken)
-	var out struct{ Released bool }
-	if err := answerErr(ans, 200); err != nil {
-		return false, err
-	}
-	return out.Released, ans.Decode(&out)
-}
-func (d httpDriver) Renew(ctx context.Context, l cheetah.Lease) error {
-	return answerErr(d.api.Do(ctx, "POST", "/api/v1/lease/renew", d.app, nil, "X-Lease", l.LeaseToken), 200)
-}
-func (d httpDriver) Send(ctx context.Context, l cheetah.Lease) error {
-	_, ans := d.api.Send(ctx, d.app, l.LeaseToken, map[string]any{"name": "noop"})
-	return answerErr(ans, 202)
-}
-func (d httpDriver) Revoke(ctx context.Context, i int) (bool, error) {
-	ans := d.api.Do(ctx, "POST", fmt.Sprintf("/api/v1/admin/users/%s/clients/%s/contexts/c%d/revoke", d.user, d.client, i), d.admin, nil)
-	if err := answerErr(ans, 200); err != nil {
-		return false, err
-	}
-	var out struct{ Revoked bool }
-	return out.Revoked, ans.Decode(&out)
-}
-func (d httpDriver) ContextIndex(id string) int { return contextIndex(id) }
-
-func answerErr(a rig.Answer, want int) error {
-	if a.Err != nil {
-		return a.Err
-	}
-	if a.Status == want {
-		return nil
-	}
-	switch a.Code() {
-	case cheetah.CodeLeaseLost:
-		return &cheetah.LeaseLostError{Reason: cheetah.LostReason(a.Reason())}
-	case cheetah.CodeNoContextAvailable:
-		return &cheetah.NoContextError{Reason: cheetah.NoContextReason(a.Reason())}
-	}
-	return fmt.Errorf("%s", a)
 }
 
 // TestBrokerLinearizable checks histories recorded over the HTTP API of a
@@ -213,8 +144,8 @@ func linearizeOver(t *testing.T, base, admin string, n int) (histories, ops int)
 		user := fmt.Sprintf("usr_lin_%d", i)
 		fc := &rig.FakeClient{URL: base, Key: api.MakeKey(t, admin, "client", user), UserID: user, ClientID: "lin-client", Check: rig.NewChecker()}
 		require.NoError(t, fc.Connect(ctx))
-		require.NoError(t, fc.Report(reports()...))
-		h := Record(httpDriver{api: api, app: app, user: user, client: "lin-client", admin: admin}, uint64(1000+i), *goroutines, *opsEach)
+		require.NoError(t, fc.Report(Reports(nContexts)...))
+		h := Record(HTTPDriver{API: api, App: app, User: user, Client: "lin-client", Admin: admin}, uint64(1000+i), *goroutines, *opsEach)
 		check(t, fmt.Sprintf("HTTP history %d", i), h)
 		require.Empty(t, fc.Check.Errors())
 		fc.Close()
@@ -278,4 +209,68 @@ func TestModelRejects(t *testing.T) {
 		op(0, 26, 27, Input{Kind: Send, Lease: -1}, Output{Reason: "unknown_lease"}),
 	}
 	require.True(t, porcupine.CheckOperations(Model(nContexts), good))
+	require.True(t, porcupine.CheckOperations(FaultModel(nContexts), good), "what holds without faults holds with them")
+
+	// With a replica's death: what the fault model lets through, and what
+	// it still refuses.
+	const never = math.MaxInt64
+	unknownAcquire := op(2, 0, never, Input{Kind: Acquire}, Output{Unknown: true})
+	faultBad := map[string][]porcupine.Operation{
+		"two leases on one context": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 1, Lease: 0}),
+			op(1, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 2, Lease: 1}),
+		},
+		"epoch goes back": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 5, Lease: 0}),
+			op(1, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 4, Lease: 1}),
+		},
+		"a released lease comes back": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+			op(1, 4, 5, Input{Kind: Renew, Lease: 0}, Output{OK: true}),
+		},
+		"a revoked lease is not_live, not lost": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+			op(1, 4, 5, Input{Kind: Send, Lease: 0}, Output{Reason: "not_live"}),
+		},
+		"an active lease is unknown": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(1, 2, 3, Input{Kind: Send, Lease: 0}, Output{Reason: "unknown_lease"}),
+		},
+		"a lost answer takes a context held": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 2, Lease: 1}),
+			op(0, 4, 5, Input{Kind: Acquire}, Output{OK: true, Context: 2, Epoch: 3, Lease: 2}),
+			unknownAcquire,
+			op(1, 6, 7, Input{Kind: Release, Lease: 0}, Output{OK: true}),
+			op(1, 8, 9, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+			op(1, 10, 11, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+		},
+	}
+	for name, h := range faultBad {
+		require.False(t, porcupine.CheckOperations(FaultModel(nContexts), h), name)
+	}
+	faultGood := []porcupine.Operation{
+		// The client is away: nothing found, then a context not the
+		// longest idle; a send fails not_live, a release does nothing.
+		op(0, 0, 1, Input{Kind: Acquire}, Output{}),
+		op(0, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 2, Epoch: 4, Lease: 0}),
+		op(0, 4, 5, Input{Kind: Send, Lease: 0}, Output{Reason: "not_live"}),
+		op(0, 6, 7, Input{Kind: Release, Lease: 0}, Output{}),
+		op(0, 8, 9, Input{Kind: Renew, Lease: 0}, Output{OK: true}),
+
+		// An acquire whose answer was lost took context 0 (or not): a
+		// revoke may find it held.
+		unknownAcquire,
+		op(1, 10, 11, Input{Kind: Acquire}, Output{OK: true, Context: 1, Epoch: 6, Lease: 1}),
+		op(1, 12, 13, Input{Kind: Acquire}, Output{}),
+		op(1, 14, 15, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+		op(1, 16, 17, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 8, Lease: 2}),
+		// How a lease ended died with its replica.
+		op(1, 18, 19, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
+		op(1, 20, 21, Input{Kind: Renew, Lease: 2}, Output{Reason: "unknown_lease"}),
+	}
+	require.True(t, porcupine.CheckOperations(FaultModel(nContexts), faultGood))
+	require.False(t, porcupine.CheckOperations(Model(nContexts), faultGood), "without faults, none of that holds")
 }

@@ -41,13 +41,17 @@ type Input struct {
 // Output is what the call returned. For an acquire: OK, the Context and
 // Epoch of the lease and its index; for release and revoke: OK is the
 // boolean answer; for renew and send: OK, or Reason (lease_lost's).
+// Unknown: the answer does not say whether the call took effect, and Lost:
+// there was no answer (FaultModel); Err: anything else, never valid.
 type Output struct {
 	OK      bool
 	Context int
 	Epoch   int64
 	Lease   int
 	Reason  string
-	Err     string // anything else: never valid
+	Unknown bool
+	Lost    bool
+	Err     string
 }
 
 // Lease statuses in the model.
@@ -62,12 +66,16 @@ const (
 // contexts in the order they became idle, the highest epoch issued, and
 // how each lease ended.
 type State struct {
-	Holder   []int // lease index + 1 per context, 0 when idle
+	Holder   []int // lease index + 1 per context, 0 when idle, anonymous when a lease nobody learnt of holds it
 	Idle     []int // idle contexts, longest idle first
 	MaxEpoch int64
 	Status   []uint8 // per lease index
 	Ctx      []int   // per lease index
 }
+
+// anonymous holds a context for an acquire whose answer was lost: a lease
+// no caller knows, which only a revoke ends.
+const anonymous = -1
 
 func (s State) clone() State {
 	return State{Holder: slices.Clone(s.Holder), Idle: slices.Clone(s.Idle), MaxEpoch: s.MaxEpoch,
@@ -97,61 +105,50 @@ func (s State) lostReason(l int) string {
 }
 
 // Model returns the porcupine model for n contexts reported in order 0…n-1.
-func Model(n int) porcupine.Model {
-	return porcupine.Model{
-		Init: func() any {
+func Model(n int) porcupine.Model { return model(n, false) }
+
+// FaultModel is Model for histories in which a replica died: an operation
+// whose answer was lost may have taken effect or not (it is pending to the
+// end of the history), and while the contexts' client reconnects, what
+// cannot reach it does nothing: an acquire finds no context, or one idle
+// but not the longest idle (a reconnection reorders them); a send or renew
+// fails not_live; a release or revoke answers false; and a lease that ended
+// may be unknown_lease (its replica remembered how). Everything else holds
+// as in Model: one lease per context, epochs rising, and an ended lease
+// never used again.
+func FaultModel(n int) porcupine.Model { return model(n, true) }
+
+func model(n int, faults bool) porcupine.Model {
+	nm := porcupine.NondeterministicModel{
+		Init: func() []any {
 			s := State{Holder: make([]int, n)}
 			for i := range n {
 				s.Idle = append(s.Idle, i)
 			}
-			return s
+			return []any{s}
 		},
-		Step: func(st, in, out any) (bool, any) {
+		Step: func(st, in, out any) []any {
 			s, i, o := st.(State), in.(Input), out.(Output)
-			if o.Err != "" {
-				return false, s
+			var next []State
+			switch {
+			case o.Err != "":
+			case o.Unknown:
+				if faults {
+					next = s.unknown(i)
+				}
+			default:
+				if ok, n := s.step(i, o); ok {
+					next = append(next, n)
+				}
+				if faults {
+					next = append(next, s.away(i, o)...)
+				}
 			}
-			switch i.Kind {
-			case Acquire:
-				if !o.OK {
-					return len(s.Idle) == 0, s
-				}
-				if len(s.Idle) == 0 || s.Idle[0] != o.Context || o.Epoch <= s.MaxEpoch || s.status(o.Lease) != never {
-					return false, s
-				}
-				n := s.clone()
-				for len(n.Status) <= o.Lease {
-					n.Status, n.Ctx = append(n.Status, never), append(n.Ctx, -1)
-				}
-				n.Holder[o.Context] = o.Lease + 1
-				n.Idle = n.Idle[1:]
-				n.MaxEpoch = o.Epoch
-				n.Status[o.Lease], n.Ctx[o.Lease] = active, o.Context
-				return true, n
-			case Release:
-				if s.status(i.Lease) != active {
-					return !o.OK, s
-				}
-				if !o.OK {
-					return false, s
-				}
-				return true, s.end(i.Lease, released)
-			case Renew, Send:
-				if s.status(i.Lease) == active {
-					return o.OK, s
-				}
-				return !o.OK && o.Reason == s.lostReason(i.Lease), s
-			case Revoke:
-				l := s.Holder[i.Context] - 1
-				if l < 0 {
-					return !o.OK, s
-				}
-				if !o.OK {
-					return false, s
-				}
-				return true, s.end(l, revoked)
+			states := make([]any, len(next))
+			for k, n := range next {
+				states[k] = n
 			}
-			return false, s
+			return states
 		},
 		Equal: func(a, b any) bool {
 			x, y := a.(State), b.(State)
@@ -165,12 +162,18 @@ func Model(n int) porcupine.Model {
 				if o.OK {
 					return fmt.Sprintf("acquire → L%d ctx%d epoch %d", o.Lease, o.Context, o.Epoch)
 				}
+				if o.Unknown {
+					return "acquire → unknown"
+				}
 				return "acquire → none " + o.Err
 			case Revoke:
 				return fmt.Sprintf("revoke ctx%d → %v %s", i.Context, o.OK, o.Err)
 			}
 			if o.OK {
 				return fmt.Sprintf("%s L%d → ok", i.Kind, i.Lease)
+			}
+			if o.Unknown {
+				return fmt.Sprintf("%s L%d → unknown", i.Kind, i.Lease)
 			}
 			return fmt.Sprintf("%s L%d → %s%s", i.Kind, i.Lease, o.Reason, o.Err)
 		},
@@ -181,12 +184,122 @@ func Model(n int) porcupine.Model {
 			return b.String()
 		},
 	}
+	return nm.ToModel()
 }
 
-func (s State) end(l int, how uint8) State {
+// step is the one outcome the sequential specification allows, if o is it.
+func (s State) step(i Input, o Output) (bool, State) {
+	switch i.Kind {
+	case Acquire:
+		if !o.OK {
+			return len(s.Idle) == 0, s
+		}
+		if len(s.Idle) == 0 || s.Idle[0] != o.Context {
+			return false, s
+		}
+		return s.take(o)
+	case Release:
+		if s.status(i.Lease) != active {
+			return !o.OK, s
+		}
+		if !o.OK {
+			return false, s
+		}
+		return true, s.end(i.Lease, released)
+	case Renew, Send:
+		if s.status(i.Lease) == active {
+			return o.OK, s
+		}
+		return !o.OK && o.Reason == s.lostReason(i.Lease), s
+	case Revoke:
+		if s.Holder[i.Context] == 0 {
+			return !o.OK, s
+		}
+		if !o.OK {
+			return false, s
+		}
+		return true, s.endOn(i.Context, revoked)
+	}
+	return false, s
+}
+
+// take gives o's context to o's lease, if its epoch is above every one
+// before and its index new.
+func (s State) take(o Output) (bool, State) {
+	if o.Context < 0 || o.Context >= len(s.Holder) || s.Holder[o.Context] != 0 || o.Epoch <= s.MaxEpoch || s.status(o.Lease) != never {
+		return false, s
+	}
 	n := s.clone()
-	c := n.Ctx[l]
-	n.Status[l] = how
+	for len(n.Status) <= o.Lease {
+		n.Status, n.Ctx = append(n.Status, never), append(n.Ctx, -1)
+	}
+	n.Holder[o.Context] = o.Lease + 1
+	n.Idle = slices.DeleteFunc(n.Idle, func(c int) bool { return c == o.Context })
+	n.MaxEpoch = o.Epoch
+	n.Status[o.Lease], n.Ctx[o.Lease] = active, o.Context
+	return true, n
+}
+
+// away is what FaultModel allows besides step while the client is away.
+func (s State) away(i Input, o Output) []State {
+	switch i.Kind {
+	case Acquire:
+		if !o.OK {
+			return []State{s}
+		}
+		if len(s.Idle) > 0 && s.Idle[0] != o.Context {
+			if ok, n := s.take(o); ok {
+				return []State{n}
+			}
+		}
+	case Release, Revoke:
+		if !o.OK {
+			return []State{s}
+		}
+	case Renew, Send:
+		switch st := s.status(i.Lease); {
+		case o.OK:
+		case st == active && o.Reason == "not_live":
+			return []State{s}
+		case st != active && st != never && o.Reason == "unknown_lease":
+			// How it ended was remembered by the replica that died.
+			return []State{s}
+		}
+	}
+	return nil
+}
+
+// unknown is every state a call whose answer was lost may have left.
+func (s State) unknown(i Input) []State {
+	out := []State{s}
+	switch i.Kind {
+	case Acquire:
+		for _, c := range s.Idle {
+			n := s.clone()
+			n.Holder[c] = anonymous
+			n.Idle = slices.DeleteFunc(n.Idle, func(x int) bool { return x == c })
+			out = append(out, n)
+		}
+	case Release:
+		if s.status(i.Lease) == active {
+			out = append(out, s.end(i.Lease, released))
+		}
+	case Revoke:
+		if s.Holder[i.Context] != 0 {
+			out = append(out, s.endOn(i.Context, revoked))
+		}
+	}
+	return out
+}
+
+func (s State) end(l int, how uint8) State { return s.endOn(s.Ctx[l], how) }
+
+// endOn ends the lease on context c, known or anonymous, as how.
+func (s State) endOn(c int, how uint8) State {
+	n := s.clone()
+	if l := n.Holder[c] - 1; l >= 0 {
+		n.Status[l] = how
+	}
 	n.Holder[c] = 0
 	n.Idle = append(n.Idle, c)
 	return n

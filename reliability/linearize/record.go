@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -33,6 +34,8 @@ func outputOf(err error) Output {
 	switch {
 	case err == nil:
 		return Output{OK: true}
+	case errors.Is(err, ErrUnknownOutcome):
+		return Output{Unknown: true, Lost: errors.Is(err, ErrAnswerLost)}
 	case errors.As(err, &lost):
 		return Output{Reason: string(lost.Reason)}
 	case errors.As(err, &none):
@@ -111,6 +114,15 @@ func Record(d Driver, seed uint64, goroutines, ops int) []porcupine.Operation {
 					out.OK = err == nil && ok
 				}
 				ret := time.Since(start).Nanoseconds()
+				if out.Unknown {
+					if in.Kind == Renew || in.Kind == Send {
+						continue // it changes nothing the model holds, done or not
+					}
+					if out.Lost {
+						// It may take effect at any time after its call.
+						ret = math.MaxInt64
+					}
+				}
 				mu.Lock()
 				history = append(history, porcupine.Operation{ClientId: g, Input: in, Call: call, Output: out, Return: ret})
 				mu.Unlock()
@@ -136,6 +148,8 @@ func Describe(h []porcupine.Operation) string {
 		switch {
 		case o.Err != "":
 			k += " error"
+		case o.Unknown:
+			k += " unknown"
 		case o.OK:
 			k += " ok"
 		case o.Reason != "":
