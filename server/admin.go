@@ -95,7 +95,11 @@ func (s *Server) revoke(c *gin.Context) {
 		return
 	}
 	if !ok {
-		ok = anyTrue(s.gather(c, nil, http.StatusOK), "revoked")
+		answers, lost := s.gatherAct(c, nil, http.StatusOK)
+		if ok = anyTrue(answers, "revoked"); !ok && lost {
+			s.fail(c, errActionLost)
+			return
+		}
 	}
 	c.JSON(http.StatusOK, gin.H{"revoked": ok})
 }

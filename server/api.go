@@ -506,7 +506,12 @@ func (s *Server) releaseAll(c *gin.Context) {
 	}
 	// Each token is known to one replica at most, so the counts add up.
 	body, _ := json.Marshal(b)
-	n += countOf(s.gather(c, body, http.StatusOK), "released")
+	answers, lost := s.gatherAct(c, body, http.StatusOK)
+	if lost {
+		s.fail(c, errActionLost)
+		return
+	}
+	n += countOf(answers, "released")
 	c.JSON(http.StatusOK, gin.H{"released": n})
 }
 

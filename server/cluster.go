@@ -204,11 +204,16 @@ func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) (i
 	if m == nil {
 		return 0, nil
 	}
-	s.handOverFrom(ctx, m, userID, clientID)
+	if err := s.handOverFrom(ctx, m, userID, clientID); err != nil {
+		return 0, err
+	}
 	return s.store.EpochHighWater(ctx)
 }
 
-func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, clientID string) {
+// handOverFrom adopts the client from the replica that holds it, or its
+// orphaned leases; it fails when it cannot tell which of its contexts
+// another replica still holds leases of, rather than let them be leased.
+func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, clientID string) error {
 	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
 	defer cancel()
 	peers := m.Peers()
@@ -233,7 +238,7 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 	for _, h := range got {
 		if h != nil {
 			s.reg.Adopt(userID, clientID, *h)
-			return
+			return nil
 		}
 	}
 	// No live replica held it: its replica may have died, leaving its
@@ -242,11 +247,11 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 	// (lapseAwaiting).
 	rows, err := s.store.OrphanedLeases(ctx, userID, clientID)
 	if err != nil {
-		return
+		return err
 	}
 	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
 	if err != nil {
-		return
+		return err
 	}
 	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows)+len(elsewhere))}
 	for _, row := range rows {
@@ -266,6 +271,7 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 		s.log.Info("cluster: contexts wait for their leases, held by a replica that did not hand them over",
 			"user_id", userID, "client_id", clientID, "contexts", len(elsewhere))
 	}
+	return nil
 }
 
 // awaitFor bounds how long a context waits for a lease another replica
@@ -509,27 +515,41 @@ func notSent(err error) bool {
 // and query, body), at once, and returns the answers that came with want.
 // A replica that does not answer is left out: views show what answered.
 func (s *Server) gather(c *gin.Context, body []byte, want int) [][]byte {
+	answers, _ := s.gatherAct(c, body, want)
+	return answers
+}
+
+// gatherAct is gather for an action (revoke, release-all): lost reports
+// that a replica took the request and its answer did not come back, so
+// that it may have acted without saying.
+func (s *Server) gatherAct(c *gin.Context, body []byte, want int) (answers [][]byte, lost bool) {
 	m := s.cfg.Cluster
 	if m == nil || fromPeer(c) {
-		return nil
+		return nil, false
 	}
 	peers := m.Peers()
-	answers := make([]*peerAnswer, len(peers))
+	all := make([]*peerAnswer, len(peers))
 	var wg sync.WaitGroup
 	for i, p := range peers {
 		wg.Go(func() {
-			answers[i] = s.ask(c.Request.Context(), c, p, c.Request.Method, c.Request.URL.RequestURI(), body)
+			all[i] = s.ask(c.Request.Context(), c, p, c.Request.Method, c.Request.URL.RequestURI(), body)
 		})
 	}
 	wg.Wait()
-	out := make([][]byte, 0, len(answers))
-	for _, a := range answers {
+	answers = make([][]byte, 0, len(all))
+	for _, a := range all {
+		lost = lost || (a != nil && a.lost)
 		if a != nil && a.status == want {
-			out = append(out, a.body)
+			answers = append(answers, a.body)
 		}
 	}
-	return out
+	return answers, lost
 }
+
+// errActionLost answers an action that a replica may have done without
+// its answer coming back: whether it did is unknown, and asking again
+// tells.
+var errActionLost = cheetah.StoreUnavailable("cluster", errors.New("a replica asked did not answer: whether it acted is unknown"))
 
 // mergeList appends to local the list under field of every answer.
 func mergeList[T any](local []T, answers [][]byte, field string) []T {

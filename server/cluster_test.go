@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -798,4 +799,61 @@ func TestClusterLeaseAwaitingAdoptionIsUnavailable(t *testing.T) {
 	// A token without a row is lost, as on one node.
 	err := rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", "dead0000"+"fedcba9876543210fedcba98")
 	requireLost(t, err, cheetah.LostUnknownLease)
+}
+
+// losingAnswers carries requests to the other replicas, and loses the
+// answer of those whose path ends with one of suffixes after the peer
+// acted on them, as when a replica dies right after doing a request's work.
+type losingAnswers struct{ suffixes []string }
+
+func (l losingAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range l.suffixes {
+		if strings.HasSuffix(req.URL.Path, s) {
+			_ = resp.Body.Close()
+			return nil, io.ErrUnexpectedEOF
+		}
+	}
+	return resp, nil
+}
+
+// An action that another replica may have done without its answer coming
+// back is answered 503, never as if it had not been done: an acquire (the
+// lease made there is held by nobody, so none is made on top of it), a
+// revoke, a release-all.
+func TestClusterLostAnswersAreUnknown(t *testing.T) {
+	t.Parallel()
+	n := 0
+	rs := make([]*replica, 2)
+	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+		if n == 0 {
+			o.PeerTransport = losingAnswers{suffixes: []string{"/api/v1/acquire", "/revoke", "/release-all"}}
+		}
+		n++
+	}) {
+		rs[i] = &replica{r}
+	}
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clusterAgent(t, rs[1].URL, rs[1].key(t, auth.Client, user), "agent-lost", 2, nil)
+
+	// Replica 0 passes the acquire to replica 1, which leases a context.
+	_, err := acquireOn(t, rs[0].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	require.Equal(t, 1, rs[1].Broker.Registry.Stats().Leases, "the lease whose answer was lost")
+
+	held, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t2", "client_type": "console"})
+	require.NoError(t, err)
+	err = rs[0].api(clusterAdminKey).Do(ctx, "POST", "/api/v1/admin/users/"+user+"/clients/agent-lost/contexts/"+held.ContextID+"/revoke", nil, nil)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	requireLost(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", held.LeaseToken), cheetah.LostRevoked)
+
+	again, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t3", "client_type": "console"})
+	require.NoError(t, err)
+	err = rs[0].api(appKey).Do(ctx, "POST", "/api/v1/lease/release-all", map[string]any{"lease_tokens": []string{again.LeaseToken}}, nil)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	requireLost(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", again.LeaseToken), cheetah.LostReleased)
 }

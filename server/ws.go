@@ -615,7 +615,7 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 	// now: it hands the client over, leases and all.
 	floor, err := s.srv.adoptFromPeers(ctx, key.UserID, h.ClientID)
 	if err != nil {
-		s.log.Warn("cluster: could not read the epoch high-water mark", "err", err)
+		s.log.Warn("cluster: could not read what the other replicas hold of this client", "err", err)
 		s.Close(protocol.CloseGoingAway, "the broker cannot reach its database; connect again")
 		return false
 	}
