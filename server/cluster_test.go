@@ -442,6 +442,7 @@ func TestClusterLeasesSurviveTheirReplica(t *testing.T) {
 		}
 		return rs[1].Broker.Registry.Holds(l.LeaseToken)
 	}, 30*time.Second, 10*time.Millisecond, "replica 1 adopts the lease once replica 0 is reaped")
+	waitContexts(t, rs[1].URL, "agent-s", 2) // live again, the report in
 
 	send := func(r *replica) cheetah.CommandRecord {
 		t.Helper()
@@ -659,6 +660,9 @@ func TestClusterShortOutageGivesLeasesUp(t *testing.T) {
 	require.Eventually(t, rs[0].Broker.Cluster.Valid, 20*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return rs[1].Broker.Registry.Holds(l.LeaseToken) }, 20*time.Second, 10*time.Millisecond,
 		"the client's replica adopts the lease the fenced one gave up")
+	// The lease may come back before the client's report does (its
+	// context waited for it from the hello on): not_live until then.
+	waitContexts(t, rs[1].URL, "agent-so", 1)
 	for i, r := range rs {
 		var waited struct{ Resolution cheetah.Resolution }
 		require.NoError(t, r.api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
