@@ -290,6 +290,12 @@ type CommandRecord struct {
 	Messages     []Message       `json:"messages"`
 }
 
+// Resolution is the command's end as a wait answers it: what a caller
+// whose wait was cut short reads from history instead.
+func (r *CommandRecord) Resolution() Resolution {
+	return Resolution{CommandID: r.CommandID, TraceID: r.TraceID, Status: r.Status, Error: r.Error}
+}
+
 // Delivery is the state of a command's webhook delivery.
 type Delivery struct {
 	URL       string `json:"url"`

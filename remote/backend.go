@@ -183,11 +183,6 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		return cheetah.Resolution{}, errUnknownLease()
 	}
 	const path = "/api/v1/commands/wait"
-	cancelled := func(id, trace string) (cheetah.Resolution, error) {
-		cerr := ctx.Err()
-		return cheetah.Resolution{CommandID: id, TraceID: trace, Status: cheetah.StatusCancelled,
-			Error: &cheetah.ErrorInfo{Code: "cancelled", Message: cerr.Error()}}, cerr
-	}
 	// The request has a context of its own, closed when the caller's ends
 	// (after the grace, while no answer has come) or when this returns.
 	reqCtx, closeReq := context.WithCancel(context.WithoutCancel(ctx))
@@ -213,7 +208,7 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	close(answered)
 	if err != nil {
 		if ctx.Err() != nil {
-			return cancelled("", "")
+			return cancelled(ctx, "", "")
 		}
 		return cheetah.Resolution{}, err
 	}
@@ -226,7 +221,7 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 		so.OnAdmitted(cheetah.Sent{CommandID: id, TraceID: trace})
 	}
 	if ctx.Err() != nil {
-		return cancelled(id, trace) // the deferred closeReq tells the broker
+		return cancelled(ctx, id, trace) // the deferred closeReq tells the broker
 	}
 	// The broker answers 200 at admission, so an error after it (the end
 	// could not be recorded) comes as an error envelope in the 200 body.
@@ -236,7 +231,7 @@ func (b *backend) SendAndWait(ctx context.Context, lease cheetah.Lease, cmd chee
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		if ctx.Err() != nil {
-			return cancelled(id, trace)
+			return cancelled(ctx, id, trace)
 		}
 		if id != "" && lease.UserID != "" {
 			// The command was admitted and its answer lost on the way (a
@@ -263,7 +258,7 @@ func (b *backend) awaitEnd(ctx context.Context, userID, commandID string) (cheet
 		rec, err := b.ReadCommand(ctx, userID, commandID)
 		switch {
 		case err == nil && rec.Status.Terminal():
-			return cheetah.Resolution{CommandID: rec.CommandID, TraceID: rec.TraceID, Status: rec.Status, Error: rec.Error}, nil
+			return rec.Resolution(), nil
 		case err != nil && ctx.Err() == nil && !passing(err):
 			return cheetah.Resolution{CommandID: commandID}, err
 		}
@@ -271,12 +266,18 @@ func (b *backend) awaitEnd(ctx context.Context, userID, commandID string) (cheet
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return cheetah.Resolution{CommandID: commandID, TraceID: rec.TraceID, Status: cheetah.StatusCancelled,
-				Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}, ctx.Err()
+			return cancelled(ctx, commandID, rec.TraceID)
 		case <-t.C:
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
+}
+
+// cancelled is a wait's answer when its caller's ctx ended first.
+func cancelled(ctx context.Context, id, trace string) (cheetah.Resolution, error) {
+	cerr := ctx.Err()
+	return cheetah.Resolution{CommandID: id, TraceID: trace, Status: cheetah.StatusCancelled,
+		Error: &cheetah.ErrorInfo{Code: "cancelled", Message: cerr.Error()}}, cerr
 }
 
 // passing reports whether err may pass if asked again: the broker or the

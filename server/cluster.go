@@ -425,8 +425,7 @@ func (s *Server) awaitEnd(c *gin.Context, commandID string) {
 	for {
 		if ref, err := s.store.Lookup(ctx, commandID); err == nil && ref.Status.Terminal() {
 			if rec, err := s.store.Get(ctx, ref.UserID, commandID); err == nil {
-				c.JSON(http.StatusOK, gin.H{"resolution": cheetah.Resolution{CommandID: rec.CommandID,
-					TraceID: rec.TraceID, Status: rec.Status, Error: rec.Error}})
+				c.JSON(http.StatusOK, gin.H{"resolution": rec.Resolution()})
 				return
 			}
 		}
@@ -636,9 +635,9 @@ func (s *Server) acquireAnywhere(c *gin.Context, req cheetah.AcquireRequest, b c
 		case o.err == errNoAnswer:
 			// A replica draining, fenced or busy has nothing to give: as
 			// one that did not answer, not a failure of the acquire.
-		case o.err == errAcquireLost:
-			return cheetah.Lease{}, o.err
 		case !errors.Is(o.err, cheetah.ErrNoContextAvailable):
+			// errAcquireLost among them: nothing may be handed out on top
+			// of a lease that replica may have made.
 			return cheetah.Lease{}, o.err
 		default:
 			err = betterReason(err, o.err)

@@ -760,8 +760,8 @@ func TestClusterWaitersAreServedInOrder(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 }
 
-// A waiting acquire that runs out of time withdraws its waits everywhere,
-// and one withdrawn before its wait arrives never starts it.
+// A waiting acquire that runs out of time withdraws its waits everywhere.
+// (A withdrawal that overtakes its wait: TestStandInsWithdraw.)
 func TestClusterWaitRunsOutEverywhere(t *testing.T) {
 	t.Parallel()
 	rs := startCluster(t, 3)
