@@ -111,13 +111,53 @@ func planOps(ops []Op) writePlan {
 			p.planLease(o.TokenDigest, leaseChange{put: PutLease{TokenDigest: o.TokenDigest}, delete: true})
 		}
 	}
-	// Commands whose only status ops were admitted: nothing to change.
+	// Commands whose only status ops were admitted: nothing to change. A
+	// command inserted by this batch takes its change in its row: the
+	// statements insert before they update, so the update would find that
+	// row, and an UPDATE would write every index of the row a second time.
+	var inserted map[string]int
+	if len(p.statuses) > 0 && len(p.cmds) > 0 {
+		inserted = make(map[string]int, len(p.cmds))
+		for i := range p.cmds {
+			inserted[p.cmds[i].CommandID] = i
+		}
+	}
 	kept := p.statuses[:0]
 	for _, c := range p.statuses {
-		if c.rank > 0 {
-			kept = append(kept, c)
+		if c.rank <= 0 {
+			continue
 		}
+		if i, ok := inserted[c.commandID]; ok {
+			c.applyTo(&p.cmds[i])
+			continue
+		}
+		kept = append(kept, c)
 	}
 	p.statuses = kept
 	return p
+}
+
+// applyTo makes row what the status statements (pgSetStatuses,
+// sqliteSetStatus) make of it: the same change, for a row not yet stored.
+func (c *statusChange) applyTo(row *commandRow) {
+	stored := row.StatusRank
+	if stored >= c.rank {
+		return
+	}
+	row.Status, row.StatusRank = c.status, c.rank
+	if c.at[1] != nil && stored < 1 {
+		row.DispatchedAt = c.at[1]
+	}
+	if c.at[2] != nil && stored < 2 {
+		row.AckedAt = c.at[2]
+	}
+	if c.at[3] != nil && stored < 3 {
+		row.FinishedAt = c.at[3]
+		if row.CallbackURL != nil {
+			row.DeliveryNextAt = c.at[3]
+		}
+	}
+	if c.errRank > stored {
+		row.ErrorCode, row.ErrorMessage, row.ErrorData = c.errCols()
+	}
 }

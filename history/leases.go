@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 )
 
@@ -67,23 +68,27 @@ const (
 	// this replica's). A replica cut off from the database may have writes
 	// held that reach it after others took its leases over: they change
 	// only rows still its own.
-	pgNewLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
-SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
-ON CONFLICT (token_digest) DO NOTHING`
-
-	pgLeaseExpiries = `UPDATE leases AS l SET expires_at = v.expires_at, ttl_ms = v.ttl_ms
-FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
-	AS v(token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
-WHERE l.token_digest = v.token_digest AND l.replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
-
-	pgClaimLeases = `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
-SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::bool[], $9::timestamptz[], $10::bool[], $11::int8[])
-ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms,
-	replica_id = EXCLUDED.replica_id, orphaned_at = NULL, generation = EXCLUDED.generation
-WHERE leases.generation < EXCLUDED.generation`
-
 	pgDeleteLeases = `DELETE FROM leases WHERE token_digest = ANY($1::bytea[])
 AND replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
+)
+
+// The lease rows' columns, in putValues's order.
+var pgLeaseTypes = []string{"bytea", "text", "text", "text", "text", "int8", "int8", "bool", "timestamptz", "bool", "int8"}
+
+var (
+	pgNewLeases = newPGRows("history.PutLease", `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
+SELECT * FROM %s AS v
+ON CONFLICT (token_digest) DO NOTHING`, pgLeaseTypes...)
+
+	pgLeaseExpiries = newPGRows("history.PutLease", `UPDATE leases AS l SET expires_at = v.expires_at, ttl_ms = v.ttl_ms
+FROM %s AS v(token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
+WHERE l.token_digest = v.token_digest AND l.replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`, pgLeaseTypes...)
+
+	pgClaimLeases = newPGRows("history.PutLease", `INSERT INTO leases (token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation)
+SELECT * FROM %s AS v
+ON CONFLICT (token_digest) DO UPDATE SET expires_at = EXCLUDED.expires_at, ttl_ms = EXCLUDED.ttl_ms,
+	replica_id = EXCLUDED.replica_id, orphaned_at = NULL, generation = EXCLUDED.generation
+WHERE leases.generation < EXCLUDED.generation`, pgLeaseTypes...)
 )
 
 // planLease folds one lease op into p.
@@ -104,9 +109,9 @@ func (p *writePlan) planLease(digest [32]byte, c leaseChange) {
 	p.leases = append(p.leases, c)
 }
 
-// leaseArrays returns the arguments of pgNewLeases, pgLeaseExpiries,
-// pgClaimLeases and pgDeleteLeases; nil for a statement with nothing to do.
-func leaseArrays(cs []leaseChange) (news, expiries, claims, del []any) {
+// queueLeases adds to b the statements that make the lease rows what cs
+// say: new rows, expiries, claims, deletions.
+func queueLeases(b *pgx.Batch, names *[]string, cs []leaseChange) {
 	var byKind [3][]*PutLease
 	var gone [][]byte
 	for i := range cs {
@@ -117,31 +122,20 @@ func leaseArrays(cs []leaseChange) (news, expiries, claims, del []any) {
 		}
 		byKind[c.put.Kind] = append(byKind[c.put.Kind], &c.put)
 	}
-	if len(gone) > 0 {
-		del = []any{gone}
+	for kind, st := range [...]*pgRows{LeaseNew: pgNewLeases, LeaseExpiry: pgLeaseExpiries, LeaseClaim: pgClaimLeases} {
+		ls := byKind[kind]
+		st.queue(b, names, len(ls), func(i int) []any { return putValues(ls[i]) })
 	}
-	return putArrays(byKind[LeaseNew]), putArrays(byKind[LeaseExpiry]), putArrays(byKind[LeaseClaim]), del
+	if len(gone) > 0 {
+		b.Queue(pgDeleteLeases, gone)
+		*names = append(*names, "history.DeleteLease")
+	}
 }
 
-func putArrays(ls []*PutLease) []any {
-	if len(ls) == 0 {
-		return nil
-	}
-	n := len(ls)
-	var (
-		digest                    = make([][]byte, n)
-		user, client, ctxID, task = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		epoch, ttl                = make([]int64, n), make([]int64, n)
-		renew, clear              = make([]bool, n), make([]bool, n)
-		generation                = make([]int64, n)
-		expires                   = make([]time.Time, n)
-	)
-	for i, l := range ls {
-		digest[i], user[i], client[i], ctxID[i], task[i] = l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID
-		epoch[i], ttl[i], renew[i], expires[i], clear[i] = l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState
-		generation[i] = l.Generation
-	}
-	return []any{digest, user, client, ctxID, task, epoch, ttl, renew, expires, clear, generation}
+// putValues are l's values in the order of pgLeaseTypes.
+func putValues(l *PutLease) []any {
+	return []any{l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID,
+		l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState, l.Generation}
 }
 
 // AbandonReplica gives up what replica id held before it was fenced, once

@@ -3,6 +3,7 @@ package history_test
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"testing"
 	"time"
 
@@ -117,4 +118,69 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	clients, err = b.OrphanedClients(ctx)
 	require.NoError(t, err)
 	require.Empty(t, clients)
+}
+
+// A batch writes its lease rows from a VALUES list when it has a few and
+// from arrays when it has more: both make the same rows.
+func TestLeaseRowsInBatchesOfEverySize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := historytest.NewPostgres(t)
+	a := historytest.Beside(t, base, historytest.Replica("sizeaaaa"))
+	b := historytest.Beside(t, base, historytest.Replica("sizebbbb"))
+	require.NoError(t, a.JoinReplica(ctx, "sizeaaaa", "", time.Hour))
+	require.NoError(t, b.JoinReplica(ctx, "sizebbbb", "", time.Hour))
+	db := historytest.DB(t, base)
+	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+
+	for _, n := range []int{1, 3, 7, 8, 20} {
+		rows := make([]history.PutLease, n)
+		ops := func(kind history.PutKind, at time.Time, generation int64) []history.Op {
+			out := make([]history.Op, n)
+			for i := range rows {
+				rows[i].Kind, rows[i].ExpiresAt, rows[i].Generation = kind, at, generation
+				out[i] = rows[i]
+			}
+			return out
+		}
+		for i := range rows {
+			rows[i] = history.PutLease{TokenDigest: sha256.Sum256(fmt.Appendf(nil, "size-%d-%d", n, i)), UserID: "u1", ClientID: "c1",
+				ContextID: fmt.Sprintf("x%d", i), TaskID: "t1", Epoch: int64(100*n + i), TTL: time.Duration(i+1) * time.Second,
+				RenewOnUse: i%2 == 0, ClearState: i%3 == 0}
+		}
+		check := func(replica string, at time.Time) {
+			t.Helper()
+			for i, l := range rows {
+				var (
+					got    history.PutLease
+					digest []byte
+					owner  string
+					exp    time.Time
+					ttl    int64
+				)
+				require.NoError(t, db.QueryRow(`SELECT token_digest, user_id, client_id, context_id, task_id, epoch, ttl_ms, renew_on_use, expires_at, clear_state, generation, replica_id
+FROM leases WHERE token_digest = $1`, l.TokenDigest[:]).Scan(&digest, &got.UserID, &got.ClientID, &got.ContextID, &got.TaskID, &got.Epoch,
+					&ttl, &got.RenewOnUse, &exp, &got.ClearState, &got.Generation, &owner), "n=%d row %d", n, i)
+				require.Equal(t, l.TokenDigest[:], digest)
+				got.TokenDigest, got.Kind, got.TTL, got.ExpiresAt = l.TokenDigest, l.Kind, time.Duration(ttl)*time.Millisecond, at
+				require.Equal(t, l, got, "n=%d row %d", n, i)
+				require.Equal(t, at, exp.UTC(), "n=%d row %d", n, i)
+				require.Equal(t, replica, owner, "n=%d row %d", n, i)
+			}
+		}
+		require.NoError(t, a.Write(ctx, ops(history.LeaseNew, expires, 0)...))
+		check("sizeaaaa", expires)
+		require.NoError(t, a.Write(ctx, ops(history.LeaseExpiry, expires.Add(time.Minute), 0)...))
+		check("sizeaaaa", expires.Add(time.Minute))
+		require.NoError(t, b.Write(ctx, ops(history.LeaseClaim, expires.Add(2*time.Minute), 1)...))
+		check("sizebbbb", expires.Add(2*time.Minute))
+		del := make([]history.Op, n)
+		for i, l := range rows {
+			del[i] = history.DeleteLease{TokenDigest: l.TokenDigest}
+		}
+		require.NoError(t, b.Write(ctx, del...))
+		var left int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM leases`).Scan(&left))
+		require.Zero(t, left, "n=%d", n)
+	}
 }

@@ -155,33 +155,49 @@ func testStatusFoldCases(t *testing.T, ctx context.Context, s *history.Store) {
 }
 
 // testStatusFoldMatchesOneByOne runs random sequences of status changes on
-// pairs of commands in the same state: one gets each sequence in one batch,
-// the other one op per transaction. Both must end the same.
+// commands in the same state: one gets each sequence in one batch, another
+// one op per transaction, and a third is inserted by the batch that brings
+// its prior state and the sequence (folded into the row it inserts). All
+// must end the same.
 func testStatusFoldMatchesOneByOne(t *testing.T, ctx context.Context, s *history.Store) {
 	db := DB(t, s)
 	rng := rand.New(rand.NewPCG(7, 11))
 	t0 := time.Now().Add(-time.Hour)
-	const cases = 60
-	type pair struct{ batched, single cheetah.CommandRecord }
-	pairs := make([]pair, cases)
-	var setup, batch []history.Op
+	const cases = 300
+	type trio struct{ batched, single, inserted cheetah.CommandRecord }
+	trios := make([]trio, cases)
+	var setup, priors, batch []history.Op
 	singles := make([][]history.Op, cases)
-	for c := range pairs {
-		p := pair{newCommand("usr_1111", "t"), newCommand("usr_1111", "t")}
-		p.single.CreatedAt = p.batched.CreatedAt
-		pairs[c] = p
+	for c := range trios {
+		p := trio{newCommand("usr_1111", "t"), newCommand("usr_1111", "t"), newCommand("usr_1111", "t")}
+		p.single.CreatedAt, p.inserted.CreatedAt = p.batched.CreatedAt, p.batched.CreatedAt
 		url := ""
 		if c%2 == 0 {
 			url = "https://hooks.example.com/" + fmt.Sprint(c)
 		}
 		setup = append(setup, history.InsertCommand{Rec: p.batched, CallbackURL: url}, history.InsertCommand{Rec: p.single, CallbackURL: url})
-		// A stored state to start from, the same for both.
-		if prior := allStatuses[rng.IntN(len(allStatuses))]; prior != cheetah.StatusAdmitted {
-			at := t0.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
-			setup = append(setup,
+		// A stored state to start from, the same for all three. The third
+		// is inserted in it where a record can say it (as the registry
+		// inserts a command already dispatched), or given it by the batch.
+		prior := allStatuses[rng.IntN(len(allStatuses))]
+		at := t0.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		var priorOp []history.Op
+		switch {
+		case prior == cheetah.StatusAdmitted:
+		case prior == cheetah.StatusDispatched && c%3 != 0:
+			p.inserted.Status, p.inserted.DispatchedAt = prior, &at
+		case prior == cheetah.StatusAcknowledged && c%3 != 0:
+			p.inserted.Status, p.inserted.AckedAt = prior, &at
+		default:
+			priorOp = []history.Op{history.SetStatus{CommandID: p.inserted.CommandID, Status: prior, At: at}}
+		}
+		if prior != cheetah.StatusAdmitted {
+			priors = append(priors,
 				history.SetStatus{CommandID: p.batched.CommandID, Status: prior, At: at},
 				history.SetStatus{CommandID: p.single.CommandID, Status: prior, At: at})
 		}
+		batch = append(append(batch, history.InsertCommand{Rec: p.inserted, CallbackURL: url}), priorOp...)
+		trios[c] = p
 		for range 1 + rng.IntN(6) {
 			op := history.SetStatus{
 				Status: allStatuses[rng.IntN(len(allStatuses))],
@@ -190,13 +206,15 @@ func testStatusFoldMatchesOneByOne(t *testing.T, ctx context.Context, s *history
 			if rng.IntN(3) == 0 {
 				op.Error = &cheetah.ErrorInfo{Code: fmt.Sprintf("e%d", rng.IntN(100)), Message: "m", Data: json.RawMessage(`[1, 2]`)}
 			}
-			b, one := op, op
-			b.CommandID, one.CommandID = p.batched.CommandID, p.single.CommandID
-			batch = append(batch, b)
+			b, one, ins := op, op, op
+			b.CommandID, one.CommandID, ins.CommandID = p.batched.CommandID, p.single.CommandID, p.inserted.CommandID
+			batch = append(batch, b, ins)
 			singles[c] = append(singles[c], one)
 		}
 	}
+	// Inserted, then given their prior state by an update of the stored row.
 	require.NoError(t, s.Write(ctx, setup...))
+	require.NoError(t, s.Write(ctx, priors...))
 	// The batched ops of all commands shuffled together: each command's
 	// keep their order.
 	shuffled := make([]history.Op, 0, len(batch))
@@ -204,7 +222,13 @@ func testStatusFoldMatchesOneByOne(t *testing.T, ctx context.Context, s *history
 	byCmd := make(map[string][]history.Op)
 	var order []string
 	for _, op := range batch {
-		id := op.(history.SetStatus).CommandID
+		var id string
+		switch o := op.(type) {
+		case history.SetStatus:
+			id = o.CommandID
+		case history.InsertCommand:
+			id = o.Rec.CommandID
+		}
 		if _, ok := byCmd[id]; !ok {
 			order = append(order, id)
 		}
@@ -223,11 +247,14 @@ func testStatusFoldMatchesOneByOne(t *testing.T, ctx context.Context, s *history
 			require.NoError(t, s.Write(ctx, op))
 		}
 	}
-	for c, p := range pairs {
-		b, one := get(t, ctx, s, p.batched), get(t, ctx, s, p.single)
-		b.CommandID, one.CommandID = "", ""
+	for c, p := range trios {
+		b, one, ins := get(t, ctx, s, p.batched), get(t, ctx, s, p.single), get(t, ctx, s, p.inserted)
+		b.CommandID, one.CommandID, ins.CommandID = "", "", ""
 		require.Equal(t, one, b, "case %d: %+v", c, singles[c])
-		require.Equal(t, deliveryDue(t, ctx, s, db, p.single.CommandID), deliveryDue(t, ctx, s, db, p.batched.CommandID), "case %d", c)
+		require.Equal(t, one, ins, "case %d, inserted by the batch: %+v", c, singles[c])
+		due := deliveryDue(t, ctx, s, db, p.single.CommandID)
+		require.Equal(t, due, deliveryDue(t, ctx, s, db, p.batched.CommandID), "case %d", c)
+		require.Equal(t, due, deliveryDue(t, ctx, s, db, p.inserted.CommandID), "case %d, inserted by the batch", c)
 	}
 }
 
