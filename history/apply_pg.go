@@ -200,8 +200,13 @@ func (s *Store) applyPostgres(ctx context.Context, p *writePlan) error {
 // order: the first failing statement names the error.
 func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts bool) error {
 	var b pgx.Batch
-	b.Queue(pgGenericPlans)
-	names := []string{"history.begin"}
+	var names []string
+	if max(len(p.cmds), len(p.statuses), len(p.msgs), len(p.deliveries), len(p.leases)) >= pgValuesRows {
+		// Some statement reads arrays (a VALUES list plans in no time).
+		b.Queue(pgGenericPlans)
+		names = append(names, "history.begin")
+	}
+	plans := len(names)
 	if withInserts {
 		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int) []any { return commandValues(&p.cmds[i]) })
 	}
@@ -209,7 +214,7 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 	pgAppendMessages.queue(&b, &names, len(p.msgs), func(i int) []any { return p.msgs[i].values() })
 	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int) []any { return deliveryValues(&p.deliveries[i]) })
 	queueLeases(&b, &names, p.leases)
-	if len(names) == 1 {
+	if len(names) == plans {
 		return nil
 	}
 	br := pc.SendBatch(ctx, &b)

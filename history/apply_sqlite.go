@@ -3,18 +3,21 @@ package history
 import (
 	"context"
 	"database/sql"
+	"strings"
 )
 
-// The SQLite write path: each statement is prepared once per connection
-// (database/sql keeps a prepared statement per connection, and a
-// transaction reuses its connection's) and run once per row, with the
-// values rows.go makes, so that what is stored is what gorm stored.
+// The SQLite write path, with the values rows.go makes, so that what is
+// stored is what gorm stored. The driver parses every statement it runs
+// again, prepared or not, so a batch's rows are inserted by one statement
+// per kind (per sqliteMaxVariables' worth of rows), with a VALUES list of
+// them all; the updates run once per row, as database/sql statements
+// prepared once per connection.
 const (
-	sqliteInsertCommand = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
+	sqliteInsertCommands = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
 	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
 	callback_url, callback_key_id, created_at, dispatched_at, acked_at, finished_at,
 	delivery_attempts, delivered, delivery_last_error, delivery_next_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+VALUES `
 
 	// See statusChange, and pgSetStatuses. The right-hand side reads the
 	// row as it was before this UPDATE.
@@ -30,10 +33,16 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 
 	error_data = CASE WHEN ?7 > status_rank THEN ?10 ELSE error_data END
 WHERE command_id = ?1 AND status_rank < ?3`
 
-	// Each message goes after its command's last one, which includes those
-	// inserted before it in this transaction: enqueue order.
-	sqliteAppendMessage = `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
-VALUES (?1, COALESCE((SELECT MAX(seq) FROM messages WHERE command_id = ?1), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`
+	// Messages are numbered as in pgAppendMessages: after the command's
+	// last stored seq, in enqueue order (ord). The SELECT reads the table
+	// it inserts into, so SQLite runs it to the end before inserting: MAX
+	// is the one before the statement.
+	sqliteAppendMessages     = `WITH v(command_id, ord, kind, name, data, code, message, mime, blob, late, at) AS (VALUES `
+	sqliteAppendMessagesTail = `)
+INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
+SELECT v.command_id, COALESCE((SELECT MAX(m.seq) FROM messages AS m WHERE m.command_id = v.command_id), 0) + v.ord,
+	v.kind, v.name, v.data, v.code, v.message, v.mime, v.blob, v.late, v.at
+FROM v`
 
 	sqliteSetDelivery = `UPDATE commands SET delivery_attempts = ?, delivered = ?, delivery_last_error = ?, delivery_next_at = ?
 WHERE command_id = ?`
@@ -51,7 +60,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 		}
 	}()
 	st := &s.sqliteStmts
-	if err := sqliteEach(ctx, s.sqlDB, tx, &st.insertCommand, "history.InsertCommand", sqliteInsertCommand, len(p.cmds), func(i int) []any {
+	if err := sqliteRows(ctx, tx, "history.InsertCommand", sqliteInsertCommands, "", len(p.cmds), func(i int) []any {
 		r := &p.cmds[i]
 		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
 			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
@@ -67,9 +76,9 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, s.sqlDB, tx, &st.appendMessage, "history.AppendMessage", sqliteAppendMessage, len(p.msgs), func(i int) []any {
+	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(p.msgs), func(i int) []any {
 		r := &p.msgs[i]
-		return []any{r.CommandID, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
+		return []any{r.CommandID, r.Seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 	}); err != nil {
 		return err
 	}
@@ -85,7 +94,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 // sqliteStmts are the write path's statements, prepared on first use. Only
 // the writer goroutine touches them.
 type sqliteStmts struct {
-	insertCommand, setStatus, appendMessage, setDelivery *sql.Stmt
+	setStatus, setDelivery *sql.Stmt
 }
 
 // sqliteEach runs query in tx with args(i) for each of n rows. *stmt is
@@ -106,6 +115,43 @@ func sqliteEach(ctx context.Context, db *sql.DB, tx *sql.Tx, stmt **sql.Stmt, na
 	defer txStmt.Close()
 	for i := range n {
 		if _, err := txStmt.ExecContext(ctx, args(i)...); err != nil {
+			return fail(name, err)
+		}
+	}
+	return nil
+}
+
+// sqliteMaxVariables is SQLite's bound on a statement's parameters
+// (SQLITE_MAX_VARIABLE_NUMBER, 32766 since 3.32).
+const sqliteMaxVariables = 32766
+
+// sqliteRows runs head, a VALUES list of n rows and tail in tx, as few
+// times as SQLite's parameter bound allows; row(i) is the i-th row's
+// values.
+func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int, row func(int) []any) error {
+	if n == 0 {
+		return nil
+	}
+	width := len(row(0))
+	per := sqliteMaxVariables / width
+	var q strings.Builder
+	var args []any
+	for start := 0; start < n; start += per {
+		end := min(n, start+per)
+		q.Reset()
+		q.WriteString(head)
+		args = args[:0]
+		for i := start; i < end; i++ {
+			if i > start {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?")
+			q.WriteString(strings.Repeat(", ?", width-1))
+			q.WriteString(")")
+			args = append(args, row(i)...)
+		}
+		q.WriteString(tail)
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
 			return fail(name, err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/cheetahbroker/cheetah/bench/internal/broker"
 	"github.com/cheetahbroker/cheetah/bench/internal/peers"
 	"github.com/cheetahbroker/cheetah/bench/internal/report"
+	"github.com/cheetahbroker/cheetah/history"
 )
 
 // Peer names, shared by the scenarios and the targets.
@@ -32,6 +34,8 @@ const (
 	peerCheetahPGAPI = "Cheetah on PostgreSQL, over HTTP (remote SDK)"
 	peerPGCommit     = "PostgreSQL one-row INSERT, its own commit (durability floor)"
 	peerSQLiteCommit = "SQLite one-row INSERT, its own commit (durability floor)"
+	peerPGRows       = "PostgreSQL, a round trip's rows in Cheetah's schema, one commit, pgx alone"
+	peerSQLiteRows   = "SQLite, a round trip's rows in Cheetah's schema, one commit, the driver alone"
 )
 
 func latencyColumns() []report.Column {
@@ -58,7 +62,9 @@ func (e *env) latency() *report.Scenario {
 		Number: 1, Key: "latency", Title: "Round-trip latency",
 		Detail: fmt.Sprintf("One context, %s per run (%s excluded), %d-byte params object echoed back, %s. "+
 			"Cheetah: SendAndWait in process through a console agent on a real WebSocket, every command and message durable before the caller hears. "+
-			"The durability floors time one durable commit of a one-row INSERT of the payload: a Cheetah round trip waits for at least two (the command's record before dispatch, its result before the caller hears).",
+			"The durability floors time one durable commit of a one-row INSERT of the payload: a Cheetah round trip waits for one, which holds the command's record, its ack and its result. "+
+				"The rows in Cheetah's schema are what that commit writes (the command's row and its two messages, in the tables and indexes of the history store), written by the database driver alone in one transaction: "+
+				"what the durable part of a round trip costs without the broker around it (no goal; it shows how much of the ratio is the data and how much the path).",
 			report.Count(c.RoundTrips, "sequential round trip"), report.Count(c.WarmupRoundTrips, "warm-up round trip"), c.PayloadBytes, report.Count(c.Repeats, "run")),
 		Columns: latencyColumns(),
 	}
@@ -70,8 +76,107 @@ func (e *env) latency() *report.Scenario {
 		e.row(s.Key, peerCheetahPGAPI, true, e.cheetahRoundTrips(broker.Postgres, true)),
 		e.row(s.Key, peerPGCommit, false, e.pgCommits),
 		e.row(s.Key, peerSQLiteCommit, false, e.sqliteCommits),
+		e.row(s.Key, peerPGRows, false, e.pgRoundTripRows),
+		e.row(s.Key, peerSQLiteRows, false, e.sqliteRoundTripRows),
 	)
 	return s
+}
+
+// roundTripRows are the rows one Cheetah round trip commits: the command,
+// already completed, and its ack and result.
+type roundTripRows struct {
+	id      string
+	params  string
+	created time.Time
+}
+
+func (e *env) newRoundTripRows() roundTripRows {
+	return roundTripRows{id: uuid.Must(uuid.NewV7()).String(), params: string(e.payload), created: time.Now().UTC()}
+}
+
+const (
+	rowsInsertCommand = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name, params, target,
+	response_mode, status, status_rank, trace_id, created_at, dispatched_at, acked_at, finished_at)
+VALUES ($1, 'usr_bench', 'rt-0', 'flow-1', 'latency', 1, 'echo', $2, '{"tab_id":"flow-1"}', 'rpc', 'completed', 3, '', $3, $3, $3, $3)`
+	rowsInsertMessages = `INSERT INTO messages (command_id, seq, kind, data, at) VALUES ($1, 1, 'ack', NULL, $3), ($1, 2, 'result', $2, $3)`
+)
+
+// pgRoundTripRows commits a round trip's rows through pgx, in one pipeline
+// (one round trip to the server, one commit), as the store's writer does.
+func (e *env) pgRoundTripRows() (func(*trial) (map[string]float64, error), func(), error) {
+	if e.pgErr != nil {
+		return nil, nil, absent(e.pgErr)
+	}
+	url, drop, err := e.pg.CreateDB(e.ctx, "rows")
+	if err != nil {
+		return nil, nil, absent(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	// The schema is the store's own: opened once, then closed.
+	st, err := history.Open(ctx, history.Config{DatabaseURL: url})
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	st.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		drop()
+		return nil, nil, absent(err)
+	}
+	cleanup := func() { conn.Close(context.Background()); drop() }
+	op := func(ctx context.Context) error {
+		r := e.newRoundTripRows()
+		var b pgx.Batch
+		b.Queue(rowsInsertCommand, r.id, r.params, r.created)
+		b.Queue(rowsInsertMessages, r.id, r.params, r.created)
+		return conn.SendBatch(ctx, &b).Close()
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
+}
+
+// sqliteRoundTripRows commits a round trip's rows in one SQLite
+// transaction, with the store's pragmas.
+func (e *env) sqliteRoundTripRows() (func(*trial) (map[string]float64, error), func(), error) {
+	dir, err := os.MkdirTemp("", "cheetah-bench-rows-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	st, err := history.Open(ctx, history.Config{DataDir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	st.Close()
+	// The store's file and pragmas (history.sqliteDSN).
+	db, err := sql.Open("sqlite", filepath.Join(dir, "cheetah.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=foreign_keys(ON)&_txlock=immediate")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(1)
+	cleanup := func() { db.Close(); os.RemoveAll(dir) }
+	op := func(ctx context.Context) error {
+		r := e.newRoundTripRows()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rowsInsertCommand, r.id, r.params, r.created); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rowsInsertMessages, r.id, r.params, r.created); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	return func(t *trial) (map[string]float64, error) { return e.roundTrips(t, op) }, cleanup, nil
 }
 
 // roundTrips is the measured part shared by every peer of scenario 1.
