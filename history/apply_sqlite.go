@@ -9,7 +9,7 @@ import (
 // The SQLite write path, with the values rows.go makes, so that what is
 // stored is what gorm stored. The driver parses every statement it runs
 // again, prepared or not, so a batch's rows are inserted by one statement
-// per kind (per sqliteMaxVariables' worth of rows), with a VALUES list of
+// per kind (per sqliteStatementParams' worth of rows), with a VALUES list of
 // them all; the updates run once per row, as database/sql statements
 // prepared once per connection.
 const (
@@ -60,7 +60,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 		}
 	}()
 	st := &s.sqliteStmts
-	if err := sqliteRows(ctx, tx, "history.InsertCommand", sqliteInsertCommands, "", len(p.cmds), func(i int) []any {
+	if err := sqliteRows(ctx, tx, "history.InsertCommand", sqliteInsertCommands, "", len(p.cmds), func(i, _ int) []any {
 		r := &p.cmds[i]
 		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
 			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
@@ -76,9 +76,19 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(p.msgs), func(i int) []any {
+	// A statement's MAX sees the messages of the statements before it: a
+	// message's ord counts from its command's last one there.
+	var before map[string]int64
+	counted := 0
+	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(p.msgs), func(i, first int) []any {
+		for ; counted < first; counted++ {
+			if before == nil {
+				before = make(map[string]int64)
+			}
+			before[p.msgs[counted].CommandID] = p.msgs[counted].Seq
+		}
 		r := &p.msgs[i]
-		return []any{r.CommandID, r.Seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
+		return []any{r.CommandID, r.Seq - before[r.CommandID], r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 	}); err != nil {
 		return err
 	}
@@ -121,19 +131,23 @@ func sqliteEach(ctx context.Context, db *sql.DB, tx *sql.Tx, stmt **sql.Stmt, na
 	return nil
 }
 
-// sqliteMaxVariables is SQLite's bound on a statement's parameters
-// (SQLITE_MAX_VARIABLE_NUMBER, 32766 since 3.32).
-const sqliteMaxVariables = 32766
+// sqliteStatementParams bounds the parameters of one multi-row statement.
+// The driver looks each parameter's argument up by scanning them all, so a
+// statement's binding costs the square of its parameters: a hundred
+// commands in one statement took longer to bind than a hundred statements
+// took to parse. A few hundred parameters keep both small.
+const sqliteStatementParams = 192
 
-// sqliteRows runs head, a VALUES list of n rows and tail in tx, as few
-// times as SQLite's parameter bound allows; row(i) is the i-th row's
-// values.
-func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int, row func(int) []any) error {
+// sqliteRows runs head, a VALUES list of rows and tail in tx, for n rows in
+// statements of at most sqliteStatementParams parameters (or one row);
+// row(i, first) is the i-th row's values, in a statement whose first row is
+// the first-th.
+func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int, row func(i, first int) []any) error {
 	if n == 0 {
 		return nil
 	}
-	width := len(row(0))
-	per := sqliteMaxVariables / width
+	width := len(row(0, 0))
+	per := max(1, sqliteStatementParams/width)
 	var q strings.Builder
 	var args []any
 	for start := 0; start < n; start += per {
@@ -148,7 +162,7 @@ func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int,
 			q.WriteString("(?")
 			q.WriteString(strings.Repeat(", ?", width-1))
 			q.WriteString(")")
-			args = append(args, row(i)...)
+			args = append(args, row(i, start)...)
 		}
 		q.WriteString(tail)
 		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
