@@ -63,8 +63,8 @@ func (e *env) latency() *report.Scenario {
 		Detail: fmt.Sprintf("One context, %s per run (%s excluded), %d-byte params object echoed back, %s. "+
 			"Cheetah: SendAndWait in process through a console agent on a real WebSocket, every command and message durable before the caller hears. "+
 			"The durability floors time one durable commit of a one-row INSERT of the payload: a Cheetah round trip waits for one, which holds the command's record, its ack and its result. "+
-				"The rows in Cheetah's schema are what that commit writes (the command's row and its two messages, in the tables and indexes of the history store), written by the database driver alone in one transaction: "+
-				"what the durable part of a round trip costs without the broker around it (no goal; it shows how much of the ratio is the data and how much the path).",
+			"The rows in Cheetah's schema are what that commit writes (the command's row and its two messages, in the tables and indexes of the history store), written by the database driver alone in one transaction: "+
+			"what the durable part of a round trip costs without the broker around it (no goal; it shows how much of the ratio is the data and how much the path).",
 			report.Count(c.RoundTrips, "sequential round trip"), report.Count(c.WarmupRoundTrips, "warm-up round trip"), c.PayloadBytes, report.Count(c.Repeats, "run")),
 		Columns: latencyColumns(),
 	}
