@@ -33,10 +33,14 @@ VALUES `
 	error_data = CASE WHEN ?7 > status_rank THEN ?10 ELSE error_data END
 WHERE command_id = ?1 AND status_rank < ?3`
 
-	// Messages are numbered as in pgAppendMessages: after the command's
-	// last stored seq, in enqueue order (ord). The SELECT reads the table
-	// it inserts into, so SQLite runs it to the end before inserting: MAX
-	// is the one before the statement.
+	// The messages of commands the batch inserts, whose seq is known.
+	sqliteInsertMessages = `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
+VALUES `
+
+	// Other messages are numbered as in pgAppendMessages: after the
+	// command's last stored seq, in enqueue order (ord). The SELECT reads
+	// the table it inserts into, so SQLite runs it to the end before
+	// inserting: MAX is the one before the statement.
 	sqliteAppendMessages     = `WITH v(command_id, ord, kind, name, data, code, message, mime, blob, late, at) AS (VALUES `
 	sqliteAppendMessagesTail = `)
 INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
@@ -76,19 +80,42 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
+	// The messages of a command this batch inserts are its first: their
+	// places are their seq. The others go after their command's stored
+	// ones (sqliteAppendMessages).
+	var fresh, stored []*messageRow
+	var inserted map[string]bool
+	if len(p.cmds) > 0 && len(p.msgs) > 0 {
+		inserted = make(map[string]bool, len(p.cmds))
+		for i := range p.cmds {
+			inserted[p.cmds[i].CommandID] = true
+		}
+	}
+	for i := range p.msgs {
+		if r := &p.msgs[i]; inserted[r.CommandID] {
+			fresh = append(fresh, r)
+		} else {
+			stored = append(stored, r)
+		}
+	}
+	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteInsertMessages, "", len(fresh), func(i, _ int) []any {
+		return fresh[i].sqliteValues(fresh[i].Seq)
+	}); err != nil {
+		return err
+	}
 	// A statement's MAX sees the messages of the statements before it: a
 	// message's ord counts from its command's last one there.
 	var before map[string]int64
 	counted := 0
-	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(p.msgs), func(i, first int) []any {
+	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(stored), func(i, first int) []any {
 		for ; counted < first; counted++ {
 			if before == nil {
 				before = make(map[string]int64)
 			}
-			before[p.msgs[counted].CommandID] = p.msgs[counted].Seq
+			before[stored[counted].CommandID] = stored[counted].Seq
 		}
-		r := &p.msgs[i]
-		return []any{r.CommandID, r.Seq - before[r.CommandID], r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
+		r := stored[i]
+		return r.sqliteValues(r.Seq - before[r.CommandID])
 	}); err != nil {
 		return err
 	}
@@ -170,4 +197,10 @@ func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int,
 		}
 	}
 	return nil
+}
+
+// sqliteValues are r's values in the messages statements' order, with seq
+// (or ord) given.
+func (r *messageRow) sqliteValues(seq int64) []any {
+	return []any{r.CommandID, seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 }
