@@ -65,11 +65,15 @@ func TestLapsedReplicaIsReapedAndItsCommandsInterrupted(t *testing.T) {
 	liveStore := historytest.Beside(t, base, historytest.Replica("live0001"))
 
 	// The dead replica joins and writes, then never renews: as if killed.
-	dead := join(t, deadStore, "dead0001", "http://127.0.0.1:1", 400*time.Millisecond, nil)
+	// The TTL is long enough that the live one, renewing every fifth of
+	// it, does not lapse on a loaded machine (400 ms once did, under -race
+	// beside a benchmark, and had its own commands marked).
+	const ttl = 2 * time.Second
+	dead := join(t, deadStore, "dead0001", "http://127.0.0.1:1", ttl, nil)
 	require.True(t, dead.Valid())
 	orphan := inFlight(t, deadStore)
 
-	live := join(t, liveStore, "live0001", "http://127.0.0.1:2", 400*time.Millisecond, nil)
+	live := join(t, liveStore, "live0001", "http://127.0.0.1:2", ttl, nil)
 	require.Equal(t, []cluster.Peer{{ID: "dead0001", URL: "http://127.0.0.1:1"}}, live.Peers())
 	own := inFlight(t, liveStore)
 	live.Start()
