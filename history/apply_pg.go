@@ -154,7 +154,7 @@ func (st *pgRows) queue(b *pgx.Batch, names *[]string, n int, row func(i int) []
 	b.Queue(st.arrays, args...)
 }
 
-// pgCommandCols are the commands columns COPY fills, in copyRow's order.
+// pgCommandCols are the commands columns COPY fills, in commandValues's order.
 var pgCommandCols = []string{"command_id", "user_id", "client_id", "context_id", "task_id", "epoch", "name",
 	"params", "target", "options", "response_mode", "status", "status_rank", "error_code", "error_message", "error_data", "trace_id",
 	"callback_url", "callback_key_id", "created_at", "dispatched_at", "acked_at", "finished_at", "delivery_next_at"}
@@ -211,7 +211,7 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int) []any { return commandValues(&p.cmds[i]) })
 	}
 	pgSetStatuses.queue(&b, &names, len(p.statuses), func(i int) []any { return p.statuses[i].values() })
-	pgAppendMessages.queue(&b, &names, len(p.msgs), func(i int) []any { return p.msgs[i].values() })
+	pgAppendMessages.queue(&b, &names, len(p.msgs), func(i int) []any { return p.msgs[i].values(p.msgs[i].Seq) })
 	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int) []any { return deliveryValues(&p.deliveries[i]) })
 	queueLeases(&b, &names, p.leases)
 	if len(names) == plans {
@@ -243,10 +243,11 @@ func (c *statusChange) values() []any {
 	return []any{c.commandID, c.status, int16(c.rank), c.at[1], c.at[2], c.at[3], int16(c.errRank), code, msg, data}
 }
 
-// values are r's values in pgAppendMessages's column order, its Seq the
-// message's place among its command's in the batch.
-func (r *messageRow) values() []any {
-	return []any{r.CommandID, r.Seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
+// values are r's values in the column order of the messages statements
+// (pgAppendMessages, and SQLite's), with seq in its place: its place in the
+// batch (ord), or its seq.
+func (r *messageRow) values(seq int64) []any {
+	return []any{r.CommandID, seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 }
 
 func deliveryValues(d *SetDelivery) []any {

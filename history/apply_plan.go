@@ -16,6 +16,7 @@ type writePlan struct {
 	deliveries []SetDelivery
 	leases     []leaseChange // one per lease, the last op's
 	leaseAt    map[[32]byte]int
+	insertedAt map[string]int // see inserted
 }
 
 // statusChange is what the SetStatus ops of one command in one batch amount
@@ -115,19 +116,12 @@ func planOps(ops []Op) writePlan {
 	// command inserted by this batch takes its change in its row: the
 	// statements insert before they update, so the update would find that
 	// row, and an UPDATE would write every index of the row a second time.
-	var inserted map[string]int
-	if len(p.statuses) > 0 && len(p.cmds) > 0 {
-		inserted = make(map[string]int, len(p.cmds))
-		for i := range p.cmds {
-			inserted[p.cmds[i].CommandID] = i
-		}
-	}
 	kept := p.statuses[:0]
 	for _, c := range p.statuses {
 		if c.rank <= 0 {
 			continue
 		}
-		if i, ok := inserted[c.commandID]; ok {
+		if i, ok := p.inserted(c.commandID); ok {
 			c.applyTo(&p.cmds[i])
 			continue
 		}
@@ -135,6 +129,27 @@ func planOps(ops []Op) writePlan {
 	}
 	p.statuses = kept
 	return p
+}
+
+// inserted returns the index in p.cmds of the command id this batch
+// inserts, if it does. Its index is made on first use.
+func (p *writePlan) inserted(id string) (int, bool) {
+	if len(p.cmds) == 0 {
+		return 0, false
+	}
+	if p.insertedAt == nil {
+		p.insertedAt = make(map[string]int, len(p.cmds))
+		for i := range p.cmds {
+			p.insertedAt[p.cmds[i].CommandID] = i
+		}
+	}
+	i, ok := p.insertedAt[id]
+	return i, ok
+}
+
+func (p *writePlan) isInserted(id string) bool {
+	_, ok := p.inserted(id)
+	return ok
 }
 
 // applyTo makes row what the status statements (pgSetStatuses,

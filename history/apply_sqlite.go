@@ -84,22 +84,15 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	// places are their seq. The others go after their command's stored
 	// ones (sqliteAppendMessages).
 	var fresh, stored []*messageRow
-	var inserted map[string]bool
-	if len(p.cmds) > 0 && len(p.msgs) > 0 {
-		inserted = make(map[string]bool, len(p.cmds))
-		for i := range p.cmds {
-			inserted[p.cmds[i].CommandID] = true
-		}
-	}
 	for i := range p.msgs {
-		if r := &p.msgs[i]; inserted[r.CommandID] {
+		if r := &p.msgs[i]; p.isInserted(r.CommandID) {
 			fresh = append(fresh, r)
 		} else {
 			stored = append(stored, r)
 		}
 	}
 	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteInsertMessages, "", len(fresh), func(i, _ int) []any {
-		return fresh[i].sqliteValues(fresh[i].Seq)
+		return fresh[i].values(fresh[i].Seq)
 	}); err != nil {
 		return err
 	}
@@ -115,7 +108,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 			before[stored[counted].CommandID] = stored[counted].Seq
 		}
 		r := stored[i]
-		return r.sqliteValues(r.Seq - before[r.CommandID])
+		return r.values(r.Seq - before[r.CommandID])
 	}); err != nil {
 		return err
 	}
@@ -197,10 +190,4 @@ func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int,
 		}
 	}
 	return nil
-}
-
-// sqliteValues are r's values in the messages statements' order, with seq
-// (or ord) given.
-func (r *messageRow) sqliteValues(seq int64) []any {
-	return []any{r.CommandID, seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 }
