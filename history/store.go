@@ -107,6 +107,9 @@ type Store struct {
 
 	stats stats
 	inst  writerInstruments
+	// commitTime is a moving average of how long the writer's transactions
+	// that committed took, in nanoseconds (see CommitTime).
+	commitTime atomic.Int64
 
 	// down is set while the database does not answer (see Health); wake
 	// tells the writer when someone else found that out.

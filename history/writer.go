@@ -606,5 +606,28 @@ func (s *Store) apply(ops []Op) (err error) {
 	}
 	s.stats.batches.Add(1)
 	s.stats.ops.Add(int64(len(ops)))
+	s.noteCommitTime(time.Since(start))
 	return nil
 }
+
+// noteCommitTime adds one committed transaction's duration to the moving
+// average CommitTime reports, weighing it an eighth: a load that changes
+// shows within a few dozen commits, one slow commit barely. Only the writer
+// goroutine writes it.
+func (s *Store) noteCommitTime(d time.Duration) {
+	avg := s.commitTime.Load()
+	if avg == 0 {
+		avg = int64(d)
+	} else {
+		avg += (int64(d) - avg) / 8
+	}
+	s.commitTime.Store(avg)
+}
+
+// CommitTime is how long the writer's recent transactions took to commit, a
+// moving average; zero before the first. Under load it is also how long a
+// write handed over now waits for the commit in flight, at most, before its
+// own begins; the registry holds a waited command's record back that long
+// for its terminal message (registry.Config.InsertDelay). It costs an atomic
+// load.
+func (s *Store) CommitTime() time.Duration { return time.Duration(s.commitTime.Load()) }

@@ -334,7 +334,7 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 	}
 	c.frame.Traceparent = traceparent(dsc)
 	c.spans.dispatch = dispatch
-	l, err := r.admitLocked(c, h, so, wait)
+	l, err := r.admitLocked(c, h, so, wait, r.insertHold())
 	if err != nil {
 		if c.writeSpan != nil {
 			c.writeSpan.End()
@@ -366,7 +366,7 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 // waiting caller (invariant 5), the record's insert handed to the outbox
 // (or held back, see Config.InsertDelay) and the dispatch, in admission
 // order per context (invariant 7).
-func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptions, wait bool) (*lease, error) {
+func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptions, wait bool, hold time.Duration) (*lease, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l, err := r.check(h)
@@ -422,11 +422,11 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptio
 		c.rec.Status, c.rec.DispatchedAt = cheetah.StatusDispatched, &at
 	}
 	insert := history.InsertCommand{Rec: c.rec, CallbackURL: so.CallbackURL, CallbackKeyID: so.CallbackKeyID}
-	if d := r.cfg.InsertDelay; wait && live && d > 0 {
+	if wait && live && hold > 0 {
 		// Someone waits for the record and the terminal message: a client
-		// that answers within d makes them one commit.
+		// that answers within the hold makes them one commit.
 		c.holding, c.pending = true, []history.Op{insert}
-		c.holdTimer = time.AfterFunc(d, func() { r.endHold(c) })
+		c.holdTimer = time.AfterFunc(hold, func() { r.endHold(c) })
 	} else {
 		r.write(func(err error) { r.recordWritten(c, err) }, insert)
 	}
@@ -438,6 +438,21 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptio
 	}
 	r.dispatch(c, conn, now)
 	return l, nil
+}
+
+// insertHold is how long a waited command's record is held back for its
+// terminal message (Config.InsertDelay): the store's recent commit time,
+// within InsertDelay and MaxInsertDelay; zero or less holds nothing. A record
+// handed to a store that takes that long per commit would, as a rule, wait
+// for the commit in flight and then its own; held instead, it shares its
+// terminal's commit when the answer comes within one commit's time, and is
+// handed over at most one commit's time later when it does not.
+func (r *Registry) insertHold() time.Duration {
+	floor := r.cfg.InsertDelay
+	if floor <= 0 {
+		return floor
+	}
+	return min(max(floor, r.store.CommitTime()), max(floor, r.cfg.MaxInsertDelay))
 }
 
 // endHold ends c's hold when Config.InsertDelay passed first: its insert,

@@ -233,6 +233,124 @@ func TestFastResultOneCommit(t *testing.T) {
 	}
 }
 
+// slowCommits is a history store that says its commits take commitTime,
+// as a loaded one's do, and records the ops of every WriteAsync call.
+type slowCommits struct {
+	*history.Store
+	commitTime time.Duration
+	mu         sync.Mutex
+	writes     [][]history.Op
+}
+
+func (s *slowCommits) CommitTime() time.Duration { return s.commitTime }
+
+func (s *slowCommits) WriteAsync(done func(error), ops ...history.Op) {
+	s.mu.Lock()
+	s.writes = append(s.writes, ops)
+	s.mu.Unlock()
+	s.Store.WriteAsync(done, ops...)
+}
+
+// writesOf returns the writes so far that hold an op about command id.
+func (s *slowCommits) writesOf(id string) [][]history.Op {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out [][]history.Op
+	for _, w := range s.writes {
+		for _, op := range w {
+			if opCommand(op) == id {
+				out = append(out, w)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func opCommand(op history.Op) string {
+	switch o := op.(type) {
+	case history.InsertCommand:
+		return o.Rec.CommandID
+	case history.SetStatus:
+		return o.CommandID
+	case history.AppendMessage:
+		return o.CommandID
+	}
+	return ""
+}
+
+// While the store's commits take long (CommitTime), a waited command's
+// record is held back about that long, not just InsertDelay: an answer that
+// comes well after InsertDelay but within a commit's time still shares the
+// record's write, so the command costs the store one write, not two. On a
+// slow store the hold ends at MaxInsertDelay, and the record goes alone.
+func TestInsertHeldForACommitTime(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			for _, tc := range []struct {
+				name     string
+				maxDelay time.Duration
+				shared   bool
+			}{
+				{"within a commit's time", time.Hour, true},
+				{"past MaxInsertDelay", 20 * time.Millisecond, false},
+			} {
+				base := d.open(t)
+				sc := &slowCommits{Store: base, commitTime: time.Hour}
+				e := setupOn(t, sc, base, func(c *registry.Config) {
+					c.InsertDelay = time.Millisecond
+					c.MaxInsertDelay = tc.maxDelay
+				})
+				c := e.connect("a", cheetah.Console, nil, worker("w1"))
+				l := e.mustAcquire("t")
+				type answer struct {
+					res cheetah.Resolution
+					err error
+				}
+				waited := make(chan answer, 1)
+				go func() {
+					res, err := e.reg.SendAndWait(ctx, l, cheetah.Command{Name: "slow"}, cheetah.SendOptions{})
+					waited <- answer{res, err}
+				}()
+				f := cmdFrame(t, c, 1)
+				if tc.shared {
+					// Fifty times InsertDelay: without the hold on the
+					// store's commit time, the record is written by now.
+					time.Sleep(50 * time.Millisecond)
+					require.Empty(t, sc.writesOf(f.CommandID), "%s: the record is still held", tc.name)
+				} else {
+					require.Eventually(t, func() bool { _, err := base.Get(ctx, user, f.CommandID); return err == nil },
+						10*time.Second, time.Millisecond, "%s: the record is written alone at MaxInsertDelay", tc.name)
+				}
+				e.reg.ClientMessage(ctx, c.att, &protocol.Ack{CommandID: f.CommandID})
+				e.reg.ClientMessage(ctx, c.att, &protocol.Result{CommandID: f.CommandID, Data: []byte(`{"ok":true}`)})
+				a := <-waited
+				require.NoError(t, a.err)
+				require.Equal(t, cheetah.StatusCompleted, a.res.Status)
+				writes := sc.writesOf(f.CommandID)
+				if tc.shared {
+					require.Len(t, writes, 1, "%s: record, ack and result in one write", tc.name)
+					w := writes[0]
+					_, ok := w[0].(history.InsertCommand)
+					require.True(t, ok, "%s: the insert comes first", tc.name)
+					end, ok := w[len(w)-1].(history.SetStatus)
+					require.True(t, ok, "%s: the terminal status comes last", tc.name)
+					require.Equal(t, cheetah.StatusCompleted, end.Status)
+				} else {
+					require.Greater(t, len(writes), 1, "%s: the record was written before the answer", tc.name)
+				}
+				rec, err := base.Get(ctx, user, f.CommandID)
+				require.NoError(t, err)
+				require.Equal(t, cheetah.StatusCompleted, rec.Status)
+				require.Len(t, rec.Messages, 2)
+			}
+		})
+	}
+}
+
 // insertFailing is a store that fails every write holding a command's
 // insert, as a database that went away would, without writing it.
 type insertFailing struct {

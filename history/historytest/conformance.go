@@ -39,6 +39,7 @@ func Run(t *testing.T, open func(t *testing.T) *history.Store) {
 		{"Keys", testKeys},
 		{"PurgeBefore", testPurge},
 		{"GroupCommit", testGroupCommit},
+		{"CommitTime", testCommitTime},
 		{"FailingOpIsolated", testFailingOp},
 		{"Closed", testClosed},
 		{"StatusFoldInBatch", testStatusFoldCases},
@@ -671,6 +672,21 @@ func testPurge(t *testing.T, ctx context.Context, s *history.Store) {
 	var left int
 	require.NoError(t, DB(t, s).QueryRowContext(ctx, Q(s, "SELECT COUNT(*) FROM messages WHERE command_id = ?"), oldDone.CommandID).Scan(&left))
 	require.Zero(t, left, "messages go with their command")
+}
+
+// CommitTime averages the commits' own durations: each commit below takes
+// no longer than the Write around it, so neither can their average.
+func testCommitTime(t *testing.T, ctx context.Context, s *history.Store) {
+	var longest time.Duration
+	for range 20 {
+		rec := newCommand("usr_1111", "task-1")
+		start := time.Now()
+		require.NoError(t, s.Write(ctx, history.InsertCommand{Rec: rec}, progress(rec.CommandID, 0)))
+		longest = max(longest, time.Since(start))
+		got := s.CommitTime()
+		require.Positive(t, got, "a commit's time is counted")
+		require.LessOrEqual(t, got, longest, "no longer than the longest Write around a commit")
+	}
 }
 
 func testGroupCommit(t *testing.T, ctx context.Context, s *history.Store) {
