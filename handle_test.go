@@ -87,3 +87,42 @@ func TestHandleDone(t *testing.T) {
 	}
 	require.Equal(t, 2, b.started, "h and h2 only")
 }
+
+// A handle released before anyone asked for Done: Done is closed at once,
+// Err says released, and no watch starts. Released while others watch
+// Done: none of them ever sees Done closed with Err still nil.
+func TestHandleReleasedDone(t *testing.T) {
+	t.Parallel()
+	b := &watchBackend{}
+	m := cheetah.NewManager(b)
+	ctx := context.Background()
+	h, err := m.Acquire(ctx, cheetah.AcquireRequest{})
+	require.NoError(t, err)
+	_, err = m.Release(ctx, h)
+	require.NoError(t, err)
+	<-h.Done()
+	var lost *cheetah.LeaseLostError
+	require.True(t, errors.As(h.Err(), &lost))
+	require.Equal(t, cheetah.LostReleased, lost.Reason)
+	require.Zero(t, b.started, "no watch for a released handle")
+
+	for range 200 {
+		h, err := m.Acquire(ctx, cheetah.AcquireRequest{})
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		var early sync.Map
+		for i := range 4 {
+			wg.Go(func() {
+				<-h.Done()
+				if h.Err() == nil {
+					early.Store(i, true)
+				}
+			})
+		}
+		_, err = m.Release(ctx, h)
+		require.NoError(t, err)
+		wg.Wait()
+		early.Range(func(k, _ any) bool { t.Errorf("watcher %v saw Done closed with Err nil", k); return false })
+		require.ErrorIs(t, h.Err(), cheetah.ErrLeaseLost)
+	}
+}

@@ -111,8 +111,7 @@ func (m *Manager) Release(ctx context.Context, h *Handle) (bool, error) {
 	ok, err := m.b.Release(ctx, l)
 	finish(span, err)
 	if err == nil && ok {
-		h.watchOnce.Do(func() { h.done = make(chan struct{}) })
-		h.lost(LostReleased)
+		h.released()
 		h.Close()
 	}
 	return ok, err
@@ -255,6 +254,39 @@ func (h *Handle) lost(reason LostReason) {
 	}
 	h.err = &LeaseLostError{Reason: reason}
 	close(h.done)
+}
+
+// errReleased is Err's answer for a handle released through the Manager,
+// made once: a release is as hot as an acquire.
+var errReleased = &LeaseLostError{Reason: LostReleased}
+
+// closedDone is Done's channel for a handle released before anyone asked
+// for it: closed already, and shared, so that a release allocates none.
+var closedDone = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// released closes Done because this handle released its lease. Err is set
+// first, so that nobody sees Done closed with Err still nil; if Done was
+// never asked for, it is closedDone and no watch ever starts.
+func (h *Handle) released() {
+	h.mu.Lock()
+	first := h.err == nil
+	if first {
+		h.err = errReleased
+	}
+	h.mu.Unlock()
+	h.watchOnce.Do(func() { h.done = closedDone })
+	if !first {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done != closedDone {
+		close(h.done) // Done was asked for before: its own channel
+	}
 }
 
 // Close stops watching the lease (see Done) without releasing it: Done

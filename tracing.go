@@ -3,10 +3,11 @@ package cheetah
 import (
 	"context"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cheetahbroker/cheetah/internal/tracing"
 )
 
 // instrumentation names the SDK's tracer.
@@ -28,7 +29,7 @@ func WithTracerProvider(tp trace.TracerProvider) ManagerOption {
 	}
 }
 
-func defaultTracer() trace.Tracer { return otel.GetTracerProvider().Tracer(instrumentation) }
+func defaultTracer() trace.Tracer { return tracing.Tracer(nil, instrumentation) }
 
 // Span attributes of the SDK's calls. None is a secret: lease tokens never
 // appear in a span.
@@ -46,10 +47,14 @@ var (
 	attrReason      = attribute.Key("cheetah.reason")
 )
 
+// clientSpan is the option of every SDK call's span, built once: a variadic
+// list made per call would be allocated per call.
+var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
 // start begins the span of one SDK call. Its attributes are built only when
 // the span records: a call without tracing pays for no attribute.
 func start(ctx context.Context, tr trace.Tracer, name string, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
-	ctx, span := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := tr.Start(ctx, name, clientSpan...)
 	if attrs != nil && span.IsRecording() {
 		span.SetAttributes(attrs()...)
 	}

@@ -45,13 +45,20 @@ func (m *memo[K, V]) len() int { return len(m.cur) + len(m.prev) }
 func (m *memo[K, V]) prune(now time.Time) {
 	switch age := now.Sub(m.curStart); {
 	case age >= 2*m.keep:
-		// Both generations are older than keep.
+		// Both generations are older than keep: new maps, so that a memo
+		// idle that long gives back the room a burst made.
 		m.prev, m.cur, m.curStart = map[K]V{}, map[K]V{}, now
 	case age >= m.keep:
 		m.rotate(now)
 	}
 }
 
+// rotate makes the current generation the previous one and starts a new
+// one in the map of the generation dropped, emptied: a map keeps the room it
+// grew to, and a busy memo fills every generation to about the same size,
+// so the new one grows by no rehash and allocates nothing.
 func (m *memo[K, V]) rotate(now time.Time) {
-	m.prev, m.cur, m.curStart = m.cur, map[K]V{}, now
+	old := m.prev
+	clear(old)
+	m.prev, m.cur, m.curStart = m.cur, old, now
 }

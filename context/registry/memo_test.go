@@ -43,3 +43,26 @@ func TestMemoBounded(t *testing.T) {
 	_, ok = m.get("9899")
 	require.True(t, ok, "the last max are kept")
 }
+
+// A busy memo's generations fill to the same size: once both maps have
+// grown, rotating reuses the dropped one, and puts allocate nothing. Not
+// parallel: AllocsPerRun counts the whole process's allocations.
+func TestMemoReusesItsMaps(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := newMemo[int, int](time.Hour, 1000)
+	for i := range 3000 {
+		m.put(i, i, now)
+	}
+	next := 3000
+	allocs := testing.AllocsPerRun(1, func() {
+		for range 2500 { // two more rotations
+			m.put(next, next, now)
+			next++
+		}
+	})
+	require.Zero(t, allocs)
+	_, ok := m.get(next - 1)
+	require.True(t, ok)
+	_, ok = m.get(next - 2001)
+	require.False(t, ok, "two generations back is gone")
+}

@@ -8,15 +8,14 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/tracing"
 )
 
 // instrumentation names the registry's tracer and meter.
@@ -61,10 +60,6 @@ const (
 // lookup and an atomic add.
 type telemetry struct {
 	tracer trace.Tracer
-	// idleGlobal is otel's default global provider when the registry took
-	// it, before any SDK was installed: while it is still the global one,
-	// no span the registry starts records (see startAcquire).
-	idleGlobal trace.TracerProvider
 
 	acquires    metric.Int64Counter
 	leasesEnded metric.Int64Counter
@@ -98,24 +93,16 @@ var lostReasons = []cheetah.LostReason{
 }
 
 func newTelemetry(r *Registry, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	var idleGlobal trace.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-		if fmt.Sprintf("%T", tp) == "*global.tracerProvider" {
-			idleGlobal = tp
-		}
-	}
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
 	t := &telemetry{
-		tracer:     tp.Tracer(instrumentation),
-		idleGlobal: idleGlobal,
-		endedBy:    map[cheetah.LostReason][]metric.AddOption{},
-		lostBy:     map[cheetah.LostReason][]metric.AddOption{},
-		acqOpts:    map[acquireKey][]metric.AddOption{},
-		names:      map[string]bool{},
-		durOpts:    map[durationKey][]metric.RecordOption{},
+		tracer:  tracing.Tracer(tp, instrumentation),
+		endedBy: map[cheetah.LostReason][]metric.AddOption{},
+		lostBy:  map[cheetah.LostReason][]metric.AddOption{},
+		acqOpts: map[acquireKey][]metric.AddOption{},
+		names:   map[string]bool{},
+		durOpts: map[durationKey][]metric.RecordOption{},
 	}
 	for _, r := range lostReasons {
 		opt := metric.WithAttributeSet(attribute.NewSet(attrReason.String(string(r))))
@@ -307,13 +294,17 @@ func (t *telemetry) acquired(ctx context.Context, span trace.Span, req *cheetah.
 		}
 	}
 	level := ""
-	var nc *cheetah.NoContextError
-	if err != nil && errors.As(err, &nc) {
-		if reason == "" {
-			reason = string(nc.Reason)
-		}
-		if nc.Quota != nil {
-			level = nc.Quota.Level
+	if err != nil {
+		// Declared here: errors.As makes nc escape, and an acquire that
+		// succeeded should not allocate it.
+		var nc *cheetah.NoContextError
+		if errors.As(err, &nc) {
+			if reason == "" {
+				reason = string(nc.Reason)
+			}
+			if nc.Quota != nil {
+				level = nc.Quota.Level
+			}
 		}
 	}
 	typ := string(req.ClientType)
@@ -462,14 +453,8 @@ func (t *telemetry) endSpans(c *command, status cheetah.Status, e *cheetah.Error
 	s.cmd.End()
 }
 
-// startAcquire starts an acquire's span. While no tracer provider is
-// installed (otel's global one still has no SDK behind it) nothing would
-// record it, and the global tracer's span and context would be allocated on
-// every acquire, the registry's hottest call: it returns a no-op span and
-// ctx unchanged instead.
+// startAcquire starts an acquire's span (none while no SDK is installed:
+// see tracing.Tracer).
 func (t *telemetry) startAcquire(ctx context.Context) (context.Context, trace.Span) {
-	if t.idleGlobal != nil && otel.GetTracerProvider() == t.idleGlobal {
-		return ctx, tracenoop.Span{}
-	}
 	return t.tracer.Start(ctx, "cheetah.acquire")
 }

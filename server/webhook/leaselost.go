@@ -69,16 +69,14 @@ func (w *Worker) leaseLost(ev registry.Event) {
 		return
 	}
 	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		w.deliverLeaseLost(ev)
-	}()
+	go w.deliverLeaseLost(ev)
 }
 
 // deliverLeaseLost makes the attempts of one lease.lost delivery, on the
 // result deliveries' schedule from the lease's end, until one is
 // delivered, one is given up, or the worker closes.
 func (w *Worker) deliverLeaseLost(ev registry.Event) {
+	defer w.wg.Done()
 	ctx := w.ctx
 	id := fmt.Sprintf("lease_%s_%d", ev.UserID, ev.Epoch)
 	log := w.log.With("webhook_id", id, "reason", ev.Reason)
