@@ -246,14 +246,19 @@ func (h *Handle) Err() error {
 }
 
 // lost closes Done with reason, once.
-func (h *Handle) lost(reason LostReason) {
+func (h *Handle) lost(reason LostReason) { h.end(&LeaseLostError{Reason: reason}) }
+
+// end closes Done with err as Err, unless it ended already.
+func (h *Handle) end(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.err != nil {
 		return
 	}
-	h.err = &LeaseLostError{Reason: reason}
-	close(h.done)
+	h.err = err
+	if h.done != closedDone {
+		close(h.done)
+	}
 }
 
 // errReleased is Err's answer for a handle released through the Manager,
@@ -268,25 +273,16 @@ var closedDone = func() chan struct{} {
 	return ch
 }()
 
-// released closes Done because this handle released its lease. Err is set
-// first, so that nobody sees Done closed with Err still nil; if Done was
-// never asked for, it is closedDone and no watch ever starts.
+// released ends the handle because it released its lease. If Done was
+// never asked for, it is born closed with Err already set, and no watch
+// ever starts.
 func (h *Handle) released() {
-	h.mu.Lock()
-	first := h.err == nil
-	if first {
-		h.err = errReleased
-	}
-	h.mu.Unlock()
-	h.watchOnce.Do(func() { h.done = closedDone })
-	if !first {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.done != closedDone {
-		close(h.done) // Done was asked for before: its own channel
-	}
+	h.watchOnce.Do(func() {
+		h.mu.Lock()
+		h.err, h.done = errReleased, closedDone
+		h.mu.Unlock()
+	})
+	h.end(errReleased)
 }
 
 // Close stops watching the lease (see Done) without releasing it: Done
