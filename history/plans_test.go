@@ -1,0 +1,80 @@
+package history_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
+)
+
+// The writer's plans are made on a new, nearly empty database and kept on
+// its connections. Status changes made once the history has grown must
+// still find their rows by key, not by reading the whole table: PostgreSQL
+// counts the rows its sequential scans of commands read.
+func TestPostgresStatusChangesFindRowsByKeyAsHistoryGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := historytest.NewPostgres(t)
+	db := historytest.DB(t, s)
+
+	var recs []cheetah.CommandRecord
+	insert := func(n int) {
+		t.Helper()
+		ops := make([]history.Op, n)
+		for i := range ops {
+			rec := cheetah.CommandRecord{
+				CommandID: fmt.Sprintf("cmd-%06d", len(recs)), UserID: "u1", ClientID: "c1", ContextID: "x1", TaskID: "t1",
+				Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeRPC, TraceID: "0123456789abcdef0123456789abcdef",
+				CreatedAt: time.Now().UTC(),
+			}
+			recs = append(recs, rec)
+			ops[i] = history.InsertCommand{Rec: rec}
+		}
+		require.NoError(t, s.Write(ctx, ops...))
+	}
+	updates := 0
+	// advance moves recs[from:from+n] to st in one batch: with 8 rows or
+	// more the batch reads them from arrays, with fewer from VALUES.
+	advance := func(from, n int, st cheetah.Status) {
+		t.Helper()
+		ops := make([]history.Op, n)
+		for i := range ops {
+			ops[i] = history.SetStatus{CommandID: recs[from+i].CommandID, Status: st}
+		}
+		require.NoError(t, s.Write(ctx, ops...))
+		updates += n
+	}
+
+	// Plans made while the table holds a few rows.
+	insert(10)
+	advance(0, 10, cheetah.StatusDispatched)
+	advance(0, 3, cheetah.StatusAcknowledged)
+	advance(3, 3, cheetah.StatusAcknowledged)
+
+	// The history grows, and status changes go on.
+	const grown = 3000
+	for len(recs) < grown {
+		insert(500)
+	}
+	for i := range 20 {
+		advance(1000+10*i, 10, cheetah.StatusDispatched)
+		advance(2000+3*i, 3, cheetah.StatusDispatched)
+	}
+	// The store's sessions report their counts as they end.
+	require.NoError(t, s.Close())
+
+	var upd, seqRead int64
+	require.Eventually(t, func() bool {
+		require.NoError(t, db.QueryRow(`SELECT n_tup_upd, seq_tup_read FROM pg_stat_user_tables WHERE relname = 'commands'`).Scan(&upd, &seqRead))
+		return upd >= int64(updates)
+	}, 20*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, updates, upd)
+	// One sequential scan of the grown table alone would read 3,000 rows.
+	require.Less(t, seqRead, int64(grown), "rows of commands read by sequential scans")
+}
