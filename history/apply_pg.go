@@ -256,10 +256,14 @@ func (c *statusChange) values() []any {
 	return []any{c.commandID, c.status, int16(c.rank), c.at[1], c.at[2], c.at[3], int16(c.errRank), code, msg, data}
 }
 
+// messageBlobCol is the place of a message's bytes among its values.
+const messageBlobCol = 8
+
 // values are r's values in the column order of the messages statements
 // (pgAppendMessages, and SQLite's), with seq in its place: its place in the
 // batch (ord), or its seq.
 func (r *messageRow) values(seq int64) []any {
+	// Keep messageBlobCol in step with this order.
 	return []any{r.CommandID, seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 }
 

@@ -7,11 +7,11 @@ import (
 )
 
 // The SQLite write path, with the values rows.go makes, so that what is
-// stored is what gorm stored. The driver parses every statement it runs
-// again, prepared or not, so a batch's rows are inserted by one statement
-// per kind (per sqliteStatementParams' worth of rows), with a VALUES list of
-// them all; the updates run once per row, as database/sql statements
-// prepared once per connection.
+// stored is what gorm stored. The driver keeps a statement it prepared, so
+// every statement here is prepared once per connection and run again with
+// new arguments (sqliteStmts): a batch's rows are inserted by one
+// statement per kind (per sqliteStatementParams' worth of rows), with a
+// VALUES list of them all, and the updates run once per row.
 const (
 	sqliteInsertCommands = `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
 	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
@@ -36,6 +36,12 @@ WHERE command_id = ?1 AND status_rank < ?3`
 	// The messages of commands the batch inserts, whose seq is known.
 	sqliteInsertMessages = `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
 VALUES `
+
+	// A message's row in a VALUES list. The driver binds an empty []byte
+	// as NULL, so an empty capture's bytes are bound as empty text
+	// (sqliteMessageValues) and made a blob here: an empty capture stores
+	// an empty blob, as on PostgreSQL, and a message without bytes NULL.
+	sqliteMessageRow = `(?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS BLOB), ?, ?)`
 
 	// Other messages are numbered as in pgAppendMessages: after the
 	// command's last stored seq, in enqueue order (ord). The SELECT reads
@@ -64,7 +70,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 		}
 	}()
 	st := &s.sqliteStmts
-	if err := sqliteRows(ctx, tx, "history.InsertCommand", sqliteInsertCommands, "", len(p.cmds), func(i, _ int) []any {
+	if err := st.rows(ctx, s.sqlDB, tx, "history.InsertCommand", sqliteInsertCommands, sqliteCommandRow, "", len(p.cmds), func(i, _ int) []any {
 		r := &p.cmds[i]
 		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
 			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
@@ -73,7 +79,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setStatus, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
+	if err := st.each(ctx, s.sqlDB, tx, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
 		c := &p.statuses[i]
 		code, msg, data := c.errCols()
 		return []any{c.commandID, c.status, c.rank, c.at[1], c.at[2], c.at[3], c.errRank, code, msg, data}
@@ -91,8 +97,8 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 			stored = append(stored, r)
 		}
 	}
-	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteInsertMessages, "", len(fresh), func(i, _ int) []any {
-		return fresh[i].values(fresh[i].Seq)
+	if err := st.rows(ctx, s.sqlDB, tx, "history.AppendMessage", sqliteInsertMessages, sqliteMessageRow, "", len(fresh), func(i, _ int) []any {
+		return sqliteMessageValues(fresh[i], fresh[i].Seq)
 	}); err != nil {
 		return err
 	}
@@ -100,7 +106,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	// message's ord counts from its command's last one there.
 	var before map[string]int64
 	counted := 0
-	if err := sqliteRows(ctx, tx, "history.AppendMessage", sqliteAppendMessages, sqliteAppendMessagesTail, len(stored), func(i, first int) []any {
+	if err := st.rows(ctx, s.sqlDB, tx, "history.AppendMessage", sqliteAppendMessages, sqliteMessageRow, sqliteAppendMessagesTail, len(stored), func(i, first int) []any {
 		for ; counted < first; counted++ {
 			if before == nil {
 				before = make(map[string]int64)
@@ -108,11 +114,11 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 			before[stored[counted].CommandID] = stored[counted].Seq
 		}
 		r := stored[i]
-		return r.values(r.Seq - before[r.CommandID])
+		return sqliteMessageValues(r, r.Seq-before[r.CommandID])
 	}); err != nil {
 		return err
 	}
-	if err := sqliteEach(ctx, s.sqlDB, tx, &st.setDelivery, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
+	if err := st.each(ctx, s.sqlDB, tx, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
 		d := &p.deliveries[i]
 		return []any{d.Attempts, d.Delivered, text(d.LastError), utcPtr(&d.NextAt), d.CommandID}
 	}); err != nil {
@@ -121,52 +127,84 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	return tx.Commit() // a failure here is the commit's: apply says so
 }
 
-// sqliteStmts are the write path's statements, prepared on first use. Only
-// the writer goroutine touches them.
-type sqliteStmts struct {
-	setStatus, setDelivery *sql.Stmt
+// sqliteCommandRow is a command's row in a VALUES list: one parameter per
+// column of sqliteInsertCommands.
+var sqliteCommandRow = "(?" + strings.Repeat(", ?", 26) + ")"
+
+// sqliteMessageValues are r's values for sqliteMessageRow, with seq in its
+// place: an empty capture's bytes as empty text, which the row casts to an
+// empty blob.
+func sqliteMessageValues(r *messageRow, seq int64) []any {
+	v := r.values(seq)
+	if r.Blob != nil && len(r.Blob) == 0 {
+		v[messageBlobCol] = ""
+	}
+	return v
 }
 
-// sqliteEach runs query in tx with args(i) for each of n rows. *stmt is
-// query prepared on db, prepared here on first use; in tx it runs as the
-// statement already prepared on tx's connection, or is prepared there once.
-func sqliteEach(ctx context.Context, db *sql.DB, tx *sql.Tx, stmt **sql.Stmt, name, query string, n int, args func(int) []any) error {
-	if n == 0 {
-		return nil
-	}
-	if *stmt == nil {
+// sqliteStmts are the write path's statements, each prepared on the
+// database on first use and then on each connection that runs it, once. A
+// multi-row statement has a text per row count, at most
+// sqliteStatementParams of them per kind. Only the writer goroutine
+// touches them; Close closes them.
+type sqliteStmts struct {
+	byText map[string]*sql.Stmt
+}
+
+// exec runs query in tx with args, as a statement prepared once.
+func (st *sqliteStmts) exec(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string, args ...any) error {
+	stmt := st.byText[query]
+	if stmt == nil {
 		prepared, err := db.PrepareContext(ctx, query)
 		if err != nil {
 			return fail(name, err)
 		}
-		*stmt = prepared
+		if st.byText == nil {
+			st.byText = make(map[string]*sql.Stmt)
+		}
+		st.byText[query], stmt = prepared, prepared
 	}
-	txStmt := tx.StmtContext(ctx, *stmt)
+	// The transaction's copy runs the statement already prepared on its
+	// connection, or prepares it there, once.
+	txStmt := tx.StmtContext(ctx, stmt)
 	defer txStmt.Close()
+	if _, err := txStmt.ExecContext(ctx, args...); err != nil {
+		return fail(name, err)
+	}
+	return nil
+}
+
+// close closes every statement prepared.
+func (st *sqliteStmts) close() {
+	for _, stmt := range st.byText {
+		_ = stmt.Close()
+	}
+	st.byText = nil
+}
+
+// each runs query in tx with args(i) for each of n rows.
+func (st *sqliteStmts) each(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string, n int, args func(int) []any) error {
 	for i := range n {
-		if _, err := txStmt.ExecContext(ctx, args(i)...); err != nil {
-			return fail(name, err)
+		if err := st.exec(ctx, db, tx, name, query, args(i)...); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// sqliteStatementParams bounds the parameters of one multi-row statement.
-// The driver looks each parameter's argument up by scanning them all, so a
-// statement's binding costs the square of its parameters: a hundred
-// commands in one statement took longer to bind than a hundred statements
-// took to parse. A few hundred parameters keep both small.
+// sqliteStatementParams bounds the parameters of one multi-row statement,
+// and so the texts prepared per kind: one per row count up to it.
 const sqliteStatementParams = 192
 
-// sqliteRows runs head, a VALUES list of rows and tail in tx, for n rows in
+// rows runs head, a VALUES list of n rows (each rowSQL) and tail in tx, in
 // statements of at most sqliteStatementParams parameters (or one row);
 // row(i, first) is the i-th row's values, in a statement whose first row is
 // the first-th.
-func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int, row func(i, first int) []any) error {
+func (st *sqliteStmts) rows(ctx context.Context, db *sql.DB, tx *sql.Tx, name, head, rowSQL, tail string, n int, row func(i, first int) []any) error {
 	if n == 0 {
 		return nil
 	}
-	width := len(row(0, 0))
+	width := strings.Count(rowSQL, "?")
 	per := max(1, sqliteStatementParams/width)
 	var q strings.Builder
 	var args []any
@@ -179,14 +217,12 @@ func sqliteRows(ctx context.Context, tx *sql.Tx, name, head, tail string, n int,
 			if i > start {
 				q.WriteString(", ")
 			}
-			q.WriteString("(?")
-			q.WriteString(strings.Repeat(", ?", width-1))
-			q.WriteString(")")
+			q.WriteString(rowSQL)
 			args = append(args, row(i, start)...)
 		}
 		q.WriteString(tail)
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return fail(name, err)
+		if err := st.exec(ctx, db, tx, name, q.String(), args...); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -37,6 +37,21 @@ func TestSQLiteConnectionSettings(t *testing.T) {
 	require.Equal(t, "2025-01-02 10:04:05.6+00:00", stored)
 }
 
+// A pragma the database URL sets replaces the store's own: the driver
+// does not run them in the URL's order.
+func TestSQLiteURLSettingWins(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(t.Context(), Config{DatabaseURL: "sqlite://" + filepath.Join(dir, "x.db") + "?_pragma=busy_timeout(200)", DataDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	var v string
+	require.NoError(t, s.db.Raw("PRAGMA busy_timeout").Scan(&v).Error)
+	require.Equal(t, "200", v)
+	require.NoError(t, s.db.Raw("PRAGMA synchronous").Scan(&v).Error)
+	require.Equal(t, "2", v, "the store's other settings stay")
+}
+
 func TestResolve(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ url, dialect, file, lock string }{

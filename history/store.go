@@ -26,13 +26,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	sqlitedriver "github.com/glebarez/go-sqlite"
-	gormsqlite "github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5/pgconn"
+	gormsqlite "github.com/libtnb/sqlite"
 	"go.opentelemetry.io/otel/metric"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
+	sqlitedriver "modernc.org/sqlite"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/migrations"
@@ -370,8 +370,8 @@ func withRuntimeParam(dbURL, name, value string) (string, error) {
 }
 
 // sqliteDSN adds the pragmas every connection needs to a file path. The
-// glebarez driver runs each _pragma on every new connection, which matters
-// because synchronous and foreign_keys are per-connection settings:
+// driver runs each _pragma on every new connection, which matters because
+// synchronous and foreign_keys are per-connection settings:
 //   - WAL lets readers run beside the writer;
 //   - synchronous=FULL makes a commit durable when it returns, so a command
 //     id handed out has survived even a power loss, not just a process kill;
@@ -384,16 +384,37 @@ func withRuntimeParam(dbURL, name, value string) (string, error) {
 // _txlock=immediate makes every transaction take the write lock at BEGIN:
 // the writer reads MAX(seq) and then inserts, and a deferred transaction
 // that read first could fail with SQLITE_BUSY when upgrading to a writer.
-// (Do not add _time_format: this driver version stops reading parameters
-// after it, so _txlock would be ignored.)
+// _time_format=sqlite writes times as "2006-01-02 15:04:05.999999999-07:00",
+// the text earlier versions of the store wrote, so that old and new rows
+// compare and sort alike; _texttotime=0 gives back the text of a column
+// without a declared type (an aggregate, a CAST) as it is stored, not
+// reparsed as a time.
+//
+// A setting the database URL makes itself (extra, its query) wins over the
+// store's: the driver runs the pragmas in an order of its own, not the
+// URL's, so the store leaves out each one the URL sets.
 func sqliteDSN(path, extra string) string {
-	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(10000)")
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(FULL)")
-	q.Add("_pragma", "foreign_keys(ON)")
-	q.Set("_txlock", "immediate")
-	dsn := path + "?" + q.Encode()
+	q, err := url.ParseQuery(extra)
+	if err != nil {
+		q = url.Values{} // the driver reports the malformed query itself
+	}
+	set := map[string]bool{}
+	for _, p := range q["_pragma"] {
+		name, _, _ := strings.Cut(p, "(")
+		set[strings.ToLower(strings.TrimSpace(name))] = true
+	}
+	own := url.Values{}
+	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(ON)"} {
+		if name, _, _ := strings.Cut(p, "("); !set[name] {
+			own.Add("_pragma", p)
+		}
+	}
+	for k, v := range map[string]string{"_txlock": "immediate", "_time_format": "sqlite", "_texttotime": "0"} {
+		if !q.Has(k) {
+			own.Set(k, v)
+		}
+	}
+	dsn := path + "?" + own.Encode()
 	if extra != "" {
 		dsn += "&" + extra
 	}
@@ -425,6 +446,7 @@ func (s *Store) Close() error {
 		close(s.queue)
 		s.mu.Unlock()
 		<-s.stopped
+		s.sqliteStmts.close() // the writer has stopped
 		s.down.Store(&downState{err: cheetah.StoreUnavailable("history", ErrClosed)})
 		if s.inst.reg != nil {
 			_ = s.inst.reg.Unregister()

@@ -14,8 +14,8 @@ import (
 	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/migrations"
 
-	_ "github.com/glebarez/go-sqlite"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite" // the "sqlite" database/sql driver, for DB
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver, for DB
 
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/migrations"

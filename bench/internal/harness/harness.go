@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite" // the driver the history store uses, for its version
+	_ "modernc.org/sqlite" // the driver the history store uses, for its version
 
 	"github.com/cheetahbroker/cheetah/bench/internal/machine"
 	"github.com/cheetahbroker/cheetah/bench/internal/peers"
