@@ -151,27 +151,22 @@ type sqliteStmts struct {
 	byText map[string]*sql.Stmt
 }
 
-// exec runs query in tx with args, as a statement prepared once.
-func (st *sqliteStmts) exec(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string, args ...any) error {
+// inTx returns query as a statement of tx, prepared once: on the database
+// on first use, and by tx on its connection unless that connection has it
+// already. The caller closes it.
+func (st *sqliteStmts) inTx(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string) (*sql.Stmt, error) {
 	stmt := st.byText[query]
 	if stmt == nil {
 		prepared, err := db.PrepareContext(ctx, query)
 		if err != nil {
-			return fail(name, err)
+			return nil, fail(name, err)
 		}
 		if st.byText == nil {
 			st.byText = make(map[string]*sql.Stmt)
 		}
 		st.byText[query], stmt = prepared, prepared
 	}
-	// The transaction's copy runs the statement already prepared on its
-	// connection, or prepares it there, once.
-	txStmt := tx.StmtContext(ctx, stmt)
-	defer txStmt.Close()
-	if _, err := txStmt.ExecContext(ctx, args...); err != nil {
-		return fail(name, err)
-	}
-	return nil
+	return tx.StmtContext(ctx, stmt), nil
 }
 
 // close closes every statement prepared.
@@ -184,9 +179,17 @@ func (st *sqliteStmts) close() {
 
 // each runs query in tx with args(i) for each of n rows.
 func (st *sqliteStmts) each(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string, n int, args func(int) []any) error {
+	if n == 0 {
+		return nil
+	}
+	stmt, err := st.inTx(ctx, db, tx, name, query)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
 	for i := range n {
-		if err := st.exec(ctx, db, tx, name, query, args(i)...); err != nil {
-			return err
+		if _, err := stmt.ExecContext(ctx, args(i)...); err != nil {
+			return fail(name, err)
 		}
 	}
 	return nil
@@ -221,7 +224,7 @@ func (st *sqliteStmts) rows(ctx context.Context, db *sql.DB, tx *sql.Tx, name, h
 			args = append(args, row(i, start)...)
 		}
 		q.WriteString(tail)
-		if err := st.exec(ctx, db, tx, name, q.String(), args...); err != nil {
+		if err := st.each(ctx, db, tx, name, q.String(), 1, func(int) []any { return args }); err != nil {
 			return err
 		}
 	}
