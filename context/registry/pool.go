@@ -165,13 +165,7 @@ func (p *pool) waiting() (own, standIns int) {
 // handing a newly idle context to the first matching waiter; r.mu is held.
 // When that hand-over fails, the waiter gets the error and w still goes on
 // the idle list.
-func (r *Registry) refreshIdle(w *wctx) { r.refreshIdleAt(w, time.Time{}) }
-
-// refreshIdleAt is refreshIdle for a caller that has read the clock: a
-// context that becomes idle is idle since now (the clock's time when now is
-// zero). A read of the clock costs about 100 ns on a virtual machine's
-// clock source, and a release would otherwise read it twice under r.mu.
-func (r *Registry) refreshIdleAt(w *wctx, now time.Time) {
+func (r *Registry) refreshIdle(w *wctx) {
 	p := w.client.pool
 	if !w.idle() {
 		if w.idleOn != nil {
@@ -182,9 +176,7 @@ func (r *Registry) refreshIdleAt(w *wctx, now time.Time) {
 	if w.idleOn != nil {
 		return
 	}
-	if now.IsZero() {
-		now = r.clock.Now()
-	}
+	now := r.clock.Now()
 	for e := p.waiters.Front(); e != nil; e = e.Next() {
 		wt := e.Value.(*waiter)
 		if w.matches(&wt.req) && r.quotaAdmit(wt.l, &wt.req) == nil {
