@@ -3,13 +3,14 @@ package history
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"strings"
 )
 
 // The SQLite write path, with the values rows.go makes, so that what is
 // stored is what gorm stored. The driver keeps a statement it prepared, so
-// every statement here is prepared once per connection and run again with
-// new arguments (sqliteStmts): a batch's rows are inserted by one
+// every statement here is prepared once on the writer's connection and run
+// again with new arguments (sqliteConn): a batch's rows are inserted by one
 // statement per kind (per sqliteStatementParams' worth of rows), with a
 // VALUES list of them all, and the updates run once per row.
 const (
@@ -58,19 +59,19 @@ FROM v`
 WHERE command_id = ?`
 )
 
-// applySQLite writes p in one transaction (BEGIN IMMEDIATE: see sqliteDSN).
+// applySQLite writes p in one transaction on the writer's own connection
+// (sqliteConn).
 func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
-	tx, err := s.sqlDB.BeginTx(ctx, nil)
-	if err != nil {
-		return fail("history.begin", err)
+	st := &s.sqliteConn
+	if err := st.begin(ctx, s.sqlDB); err != nil {
+		return err
 	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback()
+			st.rollback()
 		}
 	}()
-	st := &s.sqliteStmts
-	if err := st.rows(ctx, s.sqlDB, tx, "history.InsertCommand", sqliteInsertCommands, sqliteCommandRow, "", len(p.cmds), func(i, _ int) []any {
+	if err := st.rows("history.InsertCommand", sqliteInsertCommands, sqliteCommandRow, "", len(p.cmds), func(i, _ int) []any {
 		r := &p.cmds[i]
 		return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
 			r.Params, r.Target, r.Options, r.ResponseMode, r.Status, r.StatusRank, r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
@@ -79,7 +80,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := st.each(ctx, s.sqlDB, tx, "history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
+	if err := st.each("history.SetStatus", sqliteSetStatus, len(p.statuses), func(i int) []any {
 		c := &p.statuses[i]
 		code, msg, data := c.errCols()
 		return []any{c.commandID, c.status, c.rank, c.at[1], c.at[2], c.at[3], c.errRank, code, msg, data}
@@ -97,7 +98,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 			stored = append(stored, r)
 		}
 	}
-	if err := st.rows(ctx, s.sqlDB, tx, "history.AppendMessage", sqliteInsertMessages, sqliteMessageRow, "", len(fresh), func(i, _ int) []any {
+	if err := st.rows("history.AppendMessage", sqliteInsertMessages, sqliteMessageRow, "", len(fresh), func(i, _ int) []any {
 		return sqliteMessageValues(fresh[i], fresh[i].Seq)
 	}); err != nil {
 		return err
@@ -106,7 +107,7 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	// message's ord counts from its command's last one there.
 	var before map[string]int64
 	counted := 0
-	if err := st.rows(ctx, s.sqlDB, tx, "history.AppendMessage", sqliteAppendMessages, sqliteMessageRow, sqliteAppendMessagesTail, len(stored), func(i, first int) []any {
+	if err := st.rows("history.AppendMessage", sqliteAppendMessages, sqliteMessageRow, sqliteAppendMessagesTail, len(stored), func(i, first int) []any {
 		for ; counted < first; counted++ {
 			if before == nil {
 				before = make(map[string]int64)
@@ -118,13 +119,13 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	if err := st.each(ctx, s.sqlDB, tx, "history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
+	if err := st.each("history.SetDelivery", sqliteSetDelivery, len(p.deliveries), func(i int) []any {
 		d := &p.deliveries[i]
 		return []any{d.Attempts, d.Delivered, text(d.LastError), utcPtr(&d.NextAt), d.CommandID}
 	}); err != nil {
 		return err
 	}
-	return tx.Commit() // a failure here is the commit's: apply says so
+	return st.commit() // a failure here is the commit's: apply says so
 }
 
 // sqliteCommandRow is a command's row in a VALUES list: one parameter per
@@ -142,53 +143,103 @@ func sqliteMessageValues(r *messageRow, seq int64) []any {
 	return v
 }
 
-// sqliteStmts are the write path's statements, each prepared on the
-// database on first use and then on each connection that runs it, once. A
-// multi-row statement has a text per row count, at most
-// sqliteStatementParams of them per kind. Only the writer goroutine
-// touches them; Close closes them.
-type sqliteStmts struct {
+// sqliteConn is the write path's connection, kept by the writer for its
+// transactions, and its statements, each prepared on it once (a multi-row
+// statement once per row count, at most sqliteStatementParams of them per
+// kind). Everything runs under a context that is never done: the driver
+// watches a context that can end with a goroutine per statement, and
+// database/sql a transaction's with another, each one more wake-up on a
+// round trip's path. SQLite bounds its own lock waits (busy_timeout), and a
+// transaction that is running is not interrupted. Only the writer
+// goroutine touches it; Close closes it.
+type sqliteConn struct {
+	conn   *sql.Conn
 	byText map[string]*sql.Stmt
 }
 
-// inTx returns query as a statement of tx, prepared once: on the database
-// on first use, and by tx on its connection unless that connection has it
-// already. The caller closes it.
-func (st *sqliteStmts) inTx(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string) (*sql.Stmt, error) {
-	stmt := st.byText[query]
-	if stmt == nil {
-		prepared, err := db.PrepareContext(ctx, query)
+// sqliteBegin takes the write lock at once, as the pool's transactions do
+// (see sqliteDSN): a transaction that only later asked for it could fail
+// with SQLITE_BUSY instead of waiting.
+const sqliteBegin = "BEGIN IMMEDIATE"
+
+// begin starts a transaction, on a connection of db's taken first if the
+// writer holds none.
+func (st *sqliteConn) begin(ctx context.Context, db *sql.DB) error {
+	if st.conn == nil {
+		conn, err := db.Conn(ctx)
 		if err != nil {
-			return nil, fail(name, err)
+			return fail("history.begin", err)
 		}
-		if st.byText == nil {
-			st.byText = make(map[string]*sql.Stmt)
-		}
-		st.byText[query], stmt = prepared, prepared
+		st.conn = conn
 	}
-	return tx.StmtContext(ctx, stmt), nil
+	if err := st.run("history.begin", sqliteBegin); err != nil {
+		st.close() // broken, or its lock refused: the next batch takes another
+		return err
+	}
+	return nil
 }
 
-// close closes every statement prepared.
-func (st *sqliteStmts) close() {
+// commit ends the transaction.
+func (st *sqliteConn) commit() error { return st.run("history.commit", "COMMIT") }
+
+// rollback ends a transaction that failed. A connection where that fails
+// too (or that SQLite rolled back itself) is given up, with its statements.
+func (st *sqliteConn) rollback() {
+	if st.conn == nil {
+		return
+	}
+	if _, err := st.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+		st.close()
+	}
+}
+
+// run runs query, a statement without arguments.
+func (st *sqliteConn) run(name, query string) error {
+	return st.each(name, query, 1, func(int) []any { return nil })
+}
+
+// stmt returns query prepared on the connection, once.
+func (st *sqliteConn) stmt(name, query string) (*sql.Stmt, error) {
+	if stmt := st.byText[query]; stmt != nil {
+		return stmt, nil
+	}
+	stmt, err := st.conn.PrepareContext(context.Background(), query)
+	if err != nil {
+		return nil, fail(name, err)
+	}
+	if st.byText == nil {
+		st.byText = make(map[string]*sql.Stmt)
+	}
+	st.byText[query] = stmt
+	return stmt, nil
+}
+
+// close closes every statement and gives the connection up: back to the
+// pool's for closing, never to another user, since it may be inside a
+// transaction.
+func (st *sqliteConn) close() {
 	for _, stmt := range st.byText {
 		_ = stmt.Close()
 	}
 	st.byText = nil
+	if st.conn != nil {
+		_ = st.conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = st.conn.Close()
+		st.conn = nil
+	}
 }
 
-// each runs query in tx with args(i) for each of n rows.
-func (st *sqliteStmts) each(ctx context.Context, db *sql.DB, tx *sql.Tx, name, query string, n int, args func(int) []any) error {
+// each runs query with args(i) for each of n rows.
+func (st *sqliteConn) each(name, query string, n int, args func(int) []any) error {
 	if n == 0 {
 		return nil
 	}
-	stmt, err := st.inTx(ctx, db, tx, name, query)
+	stmt, err := st.stmt(name, query)
 	if err != nil {
 		return err
 	}
-	defer stmt.Close()
 	for i := range n {
-		if _, err := stmt.ExecContext(ctx, args(i)...); err != nil {
+		if _, err := stmt.ExecContext(context.Background(), args(i)...); err != nil {
 			return fail(name, err)
 		}
 	}
@@ -199,11 +250,11 @@ func (st *sqliteStmts) each(ctx context.Context, db *sql.DB, tx *sql.Tx, name, q
 // and so the texts prepared per kind: one per row count up to it.
 const sqliteStatementParams = 192
 
-// rows runs head, a VALUES list of n rows (each rowSQL) and tail in tx, in
+// rows runs head, a VALUES list of n rows (each rowSQL) and tail, in
 // statements of at most sqliteStatementParams parameters (or one row);
 // row(i, first) is the i-th row's values, in a statement whose first row is
 // the first-th.
-func (st *sqliteStmts) rows(ctx context.Context, db *sql.DB, tx *sql.Tx, name, head, rowSQL, tail string, n int, row func(i, first int) []any) error {
+func (st *sqliteConn) rows(name, head, rowSQL, tail string, n int, row func(i, first int) []any) error {
 	if n == 0 {
 		return nil
 	}
@@ -224,7 +275,7 @@ func (st *sqliteStmts) rows(ctx context.Context, db *sql.DB, tx *sql.Tx, name, h
 			args = append(args, row(i, start)...)
 		}
 		q.WriteString(tail)
-		if err := st.each(ctx, db, tx, name, q.String(), 1, func(int) []any { return args }); err != nil {
+		if err := st.each(name, q.String(), 1, func(int) []any { return args }); err != nil {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package history
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,6 +76,44 @@ func TestResolve(t *testing.T) {
 		_, _, _, err := resolve(Config{DatabaseURL: u, DataDir: "data"})
 		require.ErrorIs(t, err, cheetah.ErrInvalidRequest, u)
 	}
+}
+
+// The writer keeps one connection for its transactions: the pool lends it
+// nothing per batch, and a batch the database refuses (rolled back) leaves
+// the connection to the next one.
+func TestSQLiteWriterKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, err := Open(ctx, Config{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+
+	write := func(i int) cheetah.CommandRecord {
+		rec := cheetah.CommandRecord{CommandID: fmt.Sprintf("c%03d", i), UserID: "u", ResponseMode: cheetah.ModeRPC, CreatedAt: time.Now()}
+		require.NoError(t, s.Write(ctx, InsertCommand{Rec: rec}, AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindAck}}))
+		return rec
+	}
+	write(0)
+	kept := s.sqliteConn.conn
+	require.NotNil(t, kept)
+	opened := s.sqlDB.Stats().OpenConnections
+	for i := 1; i <= 50; i++ {
+		write(i)
+		if i%10 == 0 {
+			// Refused (no such command): rolled back, not fatal to the connection.
+			err := s.Write(ctx, AppendMessage{CommandID: "missing", Msg: cheetah.Message{Kind: cheetah.KindAck}})
+			require.Error(t, err)
+			require.NotErrorIs(t, err, cheetah.ErrStoreUnavailable)
+		}
+	}
+	require.Same(t, kept, s.sqliteConn.conn)
+	stats := s.sqlDB.Stats()
+	require.Equal(t, 1, stats.InUse, "the writer's connection, between batches")
+	require.Equal(t, opened, stats.OpenConnections)
+
+	got, err := s.Get(ctx, "u", write(51).CommandID)
+	require.NoError(t, err)
+	require.Len(t, got.Messages, 1)
 }
 
 // A user's commands go in at the end of their ranges in the list indexes,

@@ -126,9 +126,9 @@ type Store struct {
 	// dropping is set by the first write hold drops, and cleared when the
 	// database answers again: until then every later write is dropped too.
 	dropping bool
-	// The SQLite write path's prepared statements (see applySQLite); only
-	// the writer goroutine touches them.
-	sqliteStmts sqliteStmts
+	// The SQLite write path's connection and statements (see
+	// applySQLite); only the writer goroutine touches them.
+	sqliteConn sqliteConn
 }
 
 // maxBatchSize bounds how long one group commit holds the database's write
@@ -446,7 +446,7 @@ func (s *Store) Close() error {
 		close(s.queue)
 		s.mu.Unlock()
 		<-s.stopped
-		s.sqliteStmts.close() // the writer has stopped
+		s.sqliteConn.close() // the writer has stopped
 		s.down.Store(&downState{err: cheetah.StoreUnavailable("history", ErrClosed)})
 		if s.inst.reg != nil {
 			_ = s.inst.reg.Unregister()
