@@ -525,6 +525,7 @@ func (r *Registry) extend(l *lease, now time.Time) {
 	r.storeExpiry(l)
 	if l.heapIndex >= 0 {
 		heap.Fix(&r.heap, l.heapIndex)
+		r.wakeExpiryFor(l) // a shorter TTL can bring the deadline forward
 	} else if l.preserve == 0 {
 		r.pushDeadline(l)
 	}
@@ -623,15 +624,20 @@ func (h *leaseHeap) Pop() any {
 	return l
 }
 
-// pushDeadline puts l in the heap and wakes the expiry loop if l is now the
-// earliest deadline; r.mu is held.
+// pushDeadline puts l in the heap; r.mu is held.
 func (r *Registry) pushDeadline(l *lease) {
 	heap.Push(&r.heap, l)
-	if l.heapIndex == 0 {
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
+	r.wakeExpiryFor(l)
+}
+
+// wakeExpiryFor kicks the expiry loop if l's deadline comes before the
+// loop's next wake-up; r.mu is held. A later deadline waits for that
+// wake-up, so a lease back in the heap at the end of each of its commands
+// (renewed, later than before) wakes nobody.
+func (r *Registry) wakeExpiryFor(l *lease) {
+	if r.expiryWake.IsZero() || l.expiresAt.Before(r.expiryWake) {
+		r.expiryWake = l.expiresAt // the loop, kicked, wakes by then
+		kick(r.kick)
 	}
 }
 
@@ -642,9 +648,11 @@ func (r *Registry) ExpireDue() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.clock.Now()
+	r.expiryWake = time.Time{}
 	for len(r.heap) > 0 {
 		l := r.heap[0]
 		if l.expiresAt.After(now) {
+			r.expiryWake = l.expiresAt
 			return l.expiresAt
 		}
 		heap.Pop(&r.heap)

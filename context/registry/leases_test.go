@@ -287,3 +287,23 @@ func TestClearStateAtBothEndsOfALease(t *testing.T) {
 		return a.State == protocol.AssignmentReleased && a.Epoch == plain.Epoch
 	}).ClearState)
 }
+
+// A renewal with a shorter TTL brings the lease's deadline forward, before
+// the one the expiry loop waits for: the loop wakes for it.
+func TestShorterRenewalWakesTheExpiryLoop(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.connect("a", cheetah.Console, nil, worker("w1"), worker("w2"))
+	e.mustAcquire("first", func(r *cheetah.AcquireRequest) { r.TTL = 30 * time.Second })
+	l := e.mustAcquire("second", func(r *cheetah.AcquireRequest) { r.TTL = time.Minute })
+	// The loop expires the first lease and, in the same step, takes the
+	// second's deadline for its next wake-up.
+	e.clock.Advance(30 * time.Second)
+	require.Eventually(t, func() bool { return e.reg.Stats().Leases == 1 }, 5*time.Second, time.Millisecond)
+
+	_, err := e.reg.Renew(context.Background(), l, 5*time.Second)
+	require.NoError(t, err)
+	e.clock.Advance(6 * time.Second)
+	require.Eventually(t, func() bool { return e.reg.Stats().Leases == 0 }, 5*time.Second, time.Millisecond,
+		"expired at its new deadline, not at the old one")
+}

@@ -239,9 +239,12 @@ type Registry struct {
 	wg       sync.WaitGroup
 	bg       context.Context // cancelled by Close
 	bgCancel context.CancelFunc
-	kick     chan struct{} // wakes the expiry loop when the earliest deadline moves
-	stop     chan struct{}
-	done     chan struct{}
+	kick     chan struct{} // wakes the expiry loop for a deadline before expiryWake
+	// expiryWake is when the expiry loop wakes next at the latest (zero:
+	// not before a minute); only a deadline before it kicks the loop. r.mu.
+	expiryWake time.Time
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 // New starts a registry. It reserves its first block of epochs from the
