@@ -199,7 +199,7 @@ type Registry struct {
 	log   *slog.Logger
 	tel   *telemetry
 
-	mu     sync.Mutex
+	mu     spinMutex
 	users  map[string]*pool
 	leases map[tokenKey]*lease // active leases by token digest
 	// awaiting holds the contexts whose lease another replica holds, and
@@ -260,6 +260,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		}
 	}
 	r := &Registry{
+		mu:            newSpinMutex(),
 		cfg:           cfg,
 		clock:         cfg.Clock,
 		store:         cfg.Store,
