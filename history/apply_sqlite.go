@@ -188,7 +188,7 @@ func (st *sqliteConn) rollback() {
 	if st.conn == nil {
 		return
 	}
-	if _, err := st.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+	if err := st.run("history.rollback", "ROLLBACK"); err != nil {
 		st.close()
 	}
 }
