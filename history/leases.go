@@ -180,7 +180,10 @@ func (s *Store) OrphanLeases(ctx context.Context, grace time.Duration) error {
 }
 
 // OrphanedLeases returns the orphaned rows of a user's client that have
-// not expired: what the replica the client is connected to adopts.
+// not expired: what the replica the client is connected to adopts. A row
+// beside one of a later epoch on its context is left out: epochs grow per
+// context, so its lease was lost, and adopting it would fence the later
+// one's holder off with an older epoch.
 func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]PutLease, error) {
 	const op = "history.OrphanedLeases"
 	if err := s.clustered(op); err != nil {
@@ -198,8 +201,10 @@ func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]
 		Generation  int64
 	}
 	var rows []row
-	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at, generation FROM leases
-WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at > now()`, userID, clientID).Scan(&rows).Error
+	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at, generation FROM leases AS l
+WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at > now()
+	AND NOT EXISTS (SELECT 1 FROM leases AS n WHERE n.user_id = l.user_id AND n.client_id = l.client_id
+		AND n.context_id = l.context_id AND n.epoch > l.epoch)`, userID, clientID).Scan(&rows).Error
 	if err != nil {
 		return nil, s.replicaErr(op, err)
 	}

@@ -184,3 +184,34 @@ FROM leases WHERE token_digest = $1`, l.TokenDigest[:]).Scan(&digest, &got.UserI
 		require.Zero(t, left, "n=%d", n)
 	}
 }
+
+// Of two orphaned rows on one context (a lease whose row outlived its end,
+// beside its successor's), only the later epoch is offered for adoption.
+func TestOrphanedLeasesOfferTheLatestEpochOfAContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := historytest.NewPostgres(t)
+	a := historytest.Beside(t, base, historytest.Replica("orphaaaa"))
+	b := historytest.Beside(t, base, historytest.Replica("orphbbbb"))
+	require.NoError(t, a.JoinReplica(ctx, "orphaaaa", "", time.Hour))
+	require.NoError(t, b.JoinReplica(ctx, "orphbbbb", "", time.Hour))
+
+	expires := time.Now().Add(time.Hour).UTC()
+	lease := func(token, contextID string, epoch int64) history.PutLease {
+		return history.PutLease{Kind: history.LeaseNew, TokenDigest: sha256.Sum256([]byte(token)), UserID: "u1", ClientID: "c1",
+			ContextID: contextID, TaskID: "t1", Epoch: epoch, TTL: time.Minute, ExpiresAt: expires}
+	}
+	// The later lease first: the order of the rows is not what decides.
+	require.NoError(t, a.Write(ctx, lease("later", "x1", 9), lease("earlier", "x1", 6), lease("other", "x2", 4)))
+	require.NoError(t, a.LeaveReplica(ctx, "orphaaaa"))
+	require.NoError(t, b.OrphanLeases(ctx, time.Hour))
+
+	rows, err := b.OrphanedLeases(ctx, "u1", "c1")
+	require.NoError(t, err)
+	got := map[string]int64{}
+	for _, r := range rows {
+		got[r.ContextID] = r.Epoch
+	}
+	require.Len(t, rows, 2)
+	require.Equal(t, map[string]int64{"x1": 9, "x2": 4}, got)
+}
