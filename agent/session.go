@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,8 @@ type session struct {
 	welcome protocol.Welcome
 
 	writeMu sync.Mutex // one frame at a time, in the order the writers got here
+	wbuf    []byte     // the frame being written, under writeMu
+	rbuf    []byte     // the frame being read, by the reading goroutine only
 
 	born     time.Time
 	lastSeen atomic.Int64 // time since born of the last frame read, in ns
@@ -229,7 +232,13 @@ func (s *session) readLoop(ctx context.Context, a *Agent) error {
 // unknown type is how a newer broker probes for features, and dropping the
 // connection over one bad frame would lose every command in flight with it.
 func (s *session) read(ctx context.Context) (protocol.Frame, error) {
-	typ, b, err := s.conn.Read(ctx)
+	typ, r, err := s.conn.Reader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// One buffer serves every frame: no decoded frame refers to it.
+	b, err := protocol.ReadMessage(r, s.rbuf[:0], math.MaxInt64) // the library enforces the read limit
+	s.rbuf = keepBuf(b)
 	if err != nil {
 		return nil, err
 	}
@@ -272,20 +281,36 @@ func (s *session) readError(op string, err error) error {
 // write sends one frame. It refuses, with ErrTooLarge, a frame larger than
 // the broker accepts, since the broker would close the connection over it.
 func (s *session) write(ctx context.Context, f protocol.Frame) error {
-	b, err := protocol.Encode(f)
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	// One buffer serves every frame: the library has copied a frame out by
+	// the time Write returns.
+	b, err := protocol.Append(s.wbuf[:0], f)
 	if err != nil {
 		return fmt.Errorf("agent: encode %s: %w", f.FrameType(), err)
 	}
+	s.wbuf = keepBuf(b)
 	if limit := s.welcome.MaxMessageBytes; limit > 0 && int64(len(b)) > limit {
 		return fmt.Errorf("agent: send %s of %d bytes (limit %d): %w",
 			f.FrameType(), len(b), limit, ErrTooLarge)
 	}
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	defer cancel()
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
 	if err := s.conn.Write(ctx, websocket.MessageText, b); err != nil {
 		return fmt.Errorf("agent: send %s: %w", f.FrameType(), err)
 	}
 	return nil
+}
+
+// maxKeptBuf bounds the buffers a session keeps between frames: a rare
+// large frame's is let go.
+const maxKeptBuf = 64 << 10
+
+// keepBuf returns b to keep for the next frame, or nil when it is too large
+// to keep.
+func keepBuf(b []byte) []byte {
+	if cap(b) > maxKeptBuf {
+		return nil
+	}
+	return b
 }

@@ -155,6 +155,7 @@ func sqliteMessageValues(r *messageRow, seq int64) []any {
 type sqliteConn struct {
 	conn   *sql.Conn
 	byText map[string]*sql.Stmt
+	byRows map[rowsKey]*sql.Stmt // the multi-row ones of byText again
 }
 
 // sqliteBegin takes the write lock at once, as the pool's transactions do
@@ -221,7 +222,7 @@ func (st *sqliteConn) close() {
 	for _, stmt := range st.byText {
 		_ = stmt.Close()
 	}
-	st.byText = nil
+	st.byText, st.byRows = nil, nil
 	if st.conn != nil {
 		_ = st.conn.Raw(func(any) error { return driver.ErrBadConn })
 		_ = st.conn.Close()
@@ -260,24 +261,44 @@ func (st *sqliteConn) rows(name, head, rowSQL, tail string, n int, row func(i, f
 	}
 	width := strings.Count(rowSQL, "?")
 	per := max(1, sqliteStatementParams/width)
-	var q strings.Builder
 	var args []any
 	for start := 0; start < n; start += per {
 		end := min(n, start+per)
-		q.Reset()
-		q.WriteString(head)
+		key := rowsKey{head, end - start}
+		stmt := st.byRows[key]
+		if stmt == nil {
+			var q strings.Builder
+			q.WriteString(head)
+			for i := range end - start {
+				if i > 0 {
+					q.WriteString(", ")
+				}
+				q.WriteString(rowSQL)
+			}
+			q.WriteString(tail)
+			var err error
+			if stmt, err = st.stmt(name, q.String()); err != nil {
+				return err
+			}
+			if st.byRows == nil {
+				st.byRows = make(map[rowsKey]*sql.Stmt)
+			}
+			st.byRows[key] = stmt
+		}
 		args = args[:0]
 		for i := start; i < end; i++ {
-			if i > start {
-				q.WriteString(", ")
-			}
-			q.WriteString(rowSQL)
 			args = append(args, row(i, start)...)
 		}
-		q.WriteString(tail)
-		if err := st.each(name, q.String(), 1, func(int) []any { return args }); err != nil {
-			return err
+		if _, err := stmt.ExecContext(context.Background(), args...); err != nil {
+			return fail(name, err)
 		}
 	}
 	return nil
+}
+
+// rowsKey names a multi-row statement: its head (each kind has its own)
+// and its row count. Finding it so spares writing out its text per batch.
+type rowsKey struct {
+	head string
+	rows int
 }

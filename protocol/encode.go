@@ -53,6 +53,24 @@ func Append(dst []byte, f Frame) ([]byte, error) {
 	return b, nil
 }
 
+// EncodedLen returns the length of Encode(f) without keeping the text: what
+// a size check needs before the frame is sent (and encoded again) later.
+func EncodedLen(f Frame) (int, error) {
+	bp := scratch.Get().(*[]byte)
+	b, err := Append((*bp)[:0], f)
+	n := len(b)
+	if cap(b) <= maxScratch {
+		*bp = b
+		scratch.Put(bp)
+	}
+	return n, err
+}
+
+// scratch recycles EncodedLen's buffers, up to maxScratch bytes each.
+var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+const maxScratch = 64 << 10
+
 // writers recycles writers: one would escape to the heap through the
 // frame's encode method.
 var writers = sync.Pool{New: func() any { return new(writer) }}

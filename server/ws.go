@@ -465,7 +465,7 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			return
 		}
 		bp := s.srv.getBuf()
-		b, err := readFrame(rd, *bp, max+1)
+		b, err := protocol.ReadMessage(rd, *bp, max+1)
 		*bp = b
 		if err != nil {
 			s.logReadEnd(err)
@@ -540,29 +540,6 @@ func (s *session) readLoop(ctx context.Context, hello clockwork.Timer) {
 			return
 		}
 	}
-}
-
-// readFrame reads a message into b, up to limit bytes: a message longer
-// than limit comes back limit bytes long.
-func readFrame(r io.Reader, b []byte, limit int64) ([]byte, error) {
-	for int64(len(b)) < limit {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		window := b[len(b):cap(b)]
-		if rest := limit - int64(len(b)); int64(len(window)) > rest {
-			window = window[:rest]
-		}
-		n, err := r.Read(window)
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
-	return b, nil
 }
 
 // peekHello tells whether a frame that failed to decode meant to be a hello,

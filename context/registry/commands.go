@@ -183,6 +183,13 @@ func cancelledBy(ctx context.Context, c *command) cheetah.Resolution {
 		Error: &cheetah.ErrorInfo{Code: "cancelled", Message: ctx.Err().Error()}}
 }
 
+// The longest context and task ids a command frame can carry, which its
+// size check assumes.
+var (
+	longestContextID = strings.Repeat("x", protocol.MaxIDLen)
+	longestTaskID    = strings.Repeat("x", MaxTaskIDLen)
+)
+
 // prepare validates cmd and builds its frame and record outside the lock.
 func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace.SpanContext) (*command, error) {
 	if cmd.Name == "" || len(cmd.Name) > MaxNameLen {
@@ -254,10 +261,10 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 	// anything is recorded. The context, task and epoch are not known yet,
 	// so the check sizes them at their longest.
 	probe := *f
-	probe.ContextID, probe.TaskID, probe.Epoch = strings.Repeat("x", 128), strings.Repeat("x", MaxTaskIDLen), math.MaxInt64
-	if b, err := protocol.Encode(&probe); err != nil {
+	probe.ContextID, probe.TaskID, probe.Epoch = longestContextID, longestTaskID, math.MaxInt64
+	if n, err := protocol.EncodedLen(&probe); err != nil {
 		return nil, cheetah.Invalidf("command: %v", err)
-	} else if len(b) > r.cfg.MaxMessageBytes {
+	} else if n > r.cfg.MaxMessageBytes {
 		return nil, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the command frame would exceed %d bytes", r.cfg.MaxMessageBytes)}
 	}
 	return &command{
