@@ -32,6 +32,7 @@ func TestSQLiteConnectionSettings(t *testing.T) {
 	require.Equal(t, "2", pragma("synchronous"), "FULL")
 	require.Equal(t, "1", pragma("foreign_keys"))
 	require.Equal(t, "10000", pragma("busy_timeout"))
+	require.Equal(t, "2", pragma("temp_store"), "MEMORY")
 
 	// Times are stored as UTC text that sorts as time does.
 	at := time.Date(2025, 1, 2, 3, 4, 5, 600000000, time.FixedZone("X", -7*3600))
@@ -40,6 +41,12 @@ func TestSQLiteConnectionSettings(t *testing.T) {
 	var stored string
 	require.NoError(t, s.db.Raw("SELECT CAST(created_at AS TEXT) FROM commands").Scan(&stored).Error)
 	require.Equal(t, "2025-01-02 10:04:05.6+00:00", stored)
+
+	// The writer's own connection has them too: its statement journals,
+	// which a multi-row statement in a transaction writes, stay in memory.
+	var tempStore string
+	require.NoError(t, s.sqliteConn.conn.QueryRowContext(t.Context(), "PRAGMA temp_store").Scan(&tempStore))
+	require.Equal(t, "2", tempStore)
 }
 
 // A pragma the database URL sets replaces the store's own: the driver

@@ -379,7 +379,12 @@ func withRuntimeParam(dbURL, name, value string) (string, error) {
 //     failing at once (the broker's writer, MarkInterrupted and a second
 //     process may all want it);
 //   - foreign_keys makes a message for an unknown command fail and lets
-//     deleting a command delete its messages.
+//     deleting a command delete its messages;
+//   - temp_store=MEMORY keeps statement journals in memory. Inside the
+//     writer's transaction each multi-row INSERT keeps one, a copy of every
+//     page it changes, so that a failing row undoes only its statement;
+//     past 64 KiB SQLite moves it to a temporary file, and those writes
+//     were about a quarter of the writer's CPU in the throughput benchmark.
 //
 // _txlock=immediate makes every transaction take the write lock at BEGIN:
 // the writer reads MAX(seq) and then inserts, and a deferred transaction
@@ -404,7 +409,7 @@ func sqliteDSN(path, extra string) string {
 		set[strings.ToLower(strings.TrimSpace(name))] = true
 	}
 	own := url.Values{}
-	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(ON)"} {
+	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(ON)", "temp_store(MEMORY)"} {
 		if name, _, _ := strings.Cut(p, "("); !set[name] {
 			own.Add("_pragma", p)
 		}
