@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
 	"strings"
 )
 
@@ -125,7 +126,11 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	}); err != nil {
 		return err
 	}
-	return st.commit() // a failure here is the commit's: apply says so
+	if err := st.commit(); err != nil {
+		return err // the commit's: apply says so
+	}
+	s.checkpoints.committed()
+	return nil
 }
 
 // sqliteCommandRow is a command's row in a VALUES list: one parameter per
@@ -156,6 +161,9 @@ type sqliteConn struct {
 	conn   *sql.Conn
 	byText map[string]*sql.Stmt
 	byRows map[rowsKey]*sql.Stmt // the multi-row ones of byText again
+	// autoCheckpoint, when set, is the connection's wal_autocheckpoint:
+	// with a checkpointer beside the writer, only a bound on the log.
+	autoCheckpoint int
 }
 
 // sqliteBegin takes the write lock at once, as the pool's transactions do
@@ -172,6 +180,12 @@ func (st *sqliteConn) begin(ctx context.Context, db *sql.DB) error {
 			return fail("history.begin", err)
 		}
 		st.conn = conn
+		if st.autoCheckpoint > 0 {
+			if err := st.run("history.begin", fmt.Sprintf("PRAGMA wal_autocheckpoint = %d", st.autoCheckpoint)); err != nil {
+				st.close()
+				return err
+			}
+		}
 	}
 	if err := st.run("history.begin", sqliteBegin); err != nil {
 		st.close() // broken, or its lock refused: the next batch takes another

@@ -115,7 +115,7 @@ func TestSQLiteWriterKeepsItsConnection(t *testing.T) {
 	}
 	require.Same(t, kept, s.sqliteConn.conn)
 	stats := s.sqlDB.Stats()
-	require.Equal(t, 1, stats.InUse, "the writer's connection, between batches")
+	require.Equal(t, 2, stats.InUse, "the writer's connection and the checkpointer's, between batches")
 	require.Equal(t, opened, stats.OpenConnections)
 
 	got, err := s.Get(ctx, "u", write(51).CommandID)
@@ -174,4 +174,63 @@ func TestSQLiteCommandsAppendToTheirIndexes(t *testing.T) {
 			require.NotContains(t, p.Detail, "TEMP B-TREE", q)
 		}
 	}
+}
+
+// Checkpoints run beside the writer: its own connection checkpoints only
+// past a long log, and the checkpointer keeps the log short.
+func TestSQLiteCheckpointsBesideTheWriter(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dir := t.TempDir()
+	s, err := Open(ctx, Config{DataDir: dir})
+	require.NoError(t, err)
+
+	params := json.RawMessage(`{"p":"` + strings.Repeat("x", 200) + `"}`)
+	var ids []string
+	for range 400 { // several thousand pages, past SQLite's own 1,000
+		rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: "u", TaskID: "t", Name: "echo",
+			Params: params, ResponseMode: cheetah.ModeRPC, CreatedAt: time.Now()}
+		require.NoError(t, s.Write(ctx, InsertCommand{Rec: rec},
+			AppendMessage{CommandID: rec.CommandID, Msg: cheetah.Message{Kind: cheetah.KindResult, Data: params}},
+			SetStatus{CommandID: rec.CommandID, Status: cheetah.StatusCompleted}))
+		ids = append(ids, rec.CommandID)
+	}
+	var writerPages int
+	require.NoError(t, s.sqliteConn.conn.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&writerPages))
+	require.Equal(t, writerAutoCheckpoint, writerPages)
+	require.Eventually(t, func() bool { return s.Stats().Checkpoints > 0 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.Close())
+
+	// Everything written is there, from the database file and what is
+	// left of the log.
+	s, err = Open(ctx, Config{DataDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	for _, id := range []string{ids[0], ids[len(ids)/2], ids[len(ids)-1]} {
+		got, err := s.Get(ctx, "u", id)
+		require.NoError(t, err)
+		require.Equal(t, cheetah.StatusCompleted, got.Status)
+		require.Len(t, got.Messages, 1)
+	}
+	var n int64
+	require.NoError(t, s.db.Raw("SELECT COUNT(*) FROM commands").Scan(&n).Error)
+	require.EqualValues(t, len(ids), n)
+}
+
+// A database URL that sets wal_autocheckpoint has its checkpoints as it
+// says: no checkpointer, and the writer's connection keeps the setting.
+func TestSQLiteCheckpointsAsTheURLSays(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dir := t.TempDir()
+	s, err := Open(ctx, Config{DatabaseURL: "sqlite://" + filepath.Join(dir, "x.db") + "?_pragma=wal_autocheckpoint(0)", DataDir: dir})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Nil(t, s.checkpoints)
+	rec := cheetah.CommandRecord{CommandID: "c1", UserID: "u", ResponseMode: cheetah.ModeRPC, CreatedAt: time.Now()}
+	require.NoError(t, s.Write(ctx, InsertCommand{Rec: rec}))
+	var writerPages int
+	require.NoError(t, s.sqliteConn.conn.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&writerPages))
+	require.Zero(t, writerPages)
+	require.Zero(t, s.Stats().Checkpoints)
 }

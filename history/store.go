@@ -129,6 +129,9 @@ type Store struct {
 	// The SQLite write path's connection and statements (see
 	// applySQLite); only the writer goroutine touches them.
 	sqliteConn sqliteConn
+	// checkpoints runs SQLite's checkpoints beside the writer; nil on
+	// PostgreSQL.
+	checkpoints *checkpointer
 }
 
 // maxBatchSize bounds how long one group commit holds the database's write
@@ -177,6 +180,16 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		_ = sqlDB.Close()
 		unlock()
 		return nil, fmt.Errorf("history.Open: metrics: %w", err)
+	}
+	if dialect == DialectSQLite {
+		if s.checkpoints, err = startCheckpointer(ctx, sqlDB, cfg.Logger); err != nil {
+			_ = sqlDB.Close()
+			unlock()
+			return nil, err
+		}
+		if s.checkpoints != nil {
+			s.sqliteConn.autoCheckpoint = writerAutoCheckpoint
+		}
 	}
 	go s.run()
 	return s, nil
@@ -452,6 +465,9 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		<-s.stopped
 		s.sqliteConn.close() // the writer has stopped
+		if s.checkpoints != nil {
+			s.checkpoints.close()
+		}
 		s.down.Store(&downState{err: cheetah.StoreUnavailable("history", ErrClosed)})
 		if s.inst.reg != nil {
 			_ = s.inst.reg.Unregister()

@@ -96,6 +96,8 @@ type Stats struct {
 	// Dropped those lost: beyond MaxHeldBytes, refused by the database
 	// when written again, or still held when the store closed.
 	Held, Recovered, Dropped int64
+	// Checkpoints counts the SQLite checkpoints run beside the writer.
+	Checkpoints int64
 }
 
 type stats struct{ batches, ops, retries, held, recovered, dropped atomic.Int64 }
@@ -165,7 +167,8 @@ func (w *writerInstruments) record(d time.Duration, ops int, err error) {
 // Stats returns the writer's counters since Open.
 func (s *Store) Stats() Stats {
 	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load(),
-		Held: s.stats.held.Load(), Recovered: s.stats.recovered.Load(), Dropped: s.stats.dropped.Load()}
+		Held: s.stats.held.Load(), Recovered: s.stats.recovered.Load(), Dropped: s.stats.dropped.Load(),
+		Checkpoints: s.checkpoints.count()}
 }
 
 // Health returns nil while the database answers the writer. From the first
