@@ -33,12 +33,16 @@ const (
 // checkpointer runs SQLite's passive checkpoints off the writer's path.
 // A passive checkpoint takes no lock that commits or reads wait for.
 type checkpointer struct {
-	conn *sql.Conn // its own, as the writer has: kept, never lent per run
+	db   *sql.DB
+	conn *sql.Conn // its own, as the writer has: kept between runs; nil after a failure
 	log  *slog.Logger
 	due  chan struct{} // a commit since the last checkpoint
 	stop chan struct{}
 	done chan struct{}
-	runs atomic.Int64 // checkpoints run
+	runs atomic.Int64 // checkpoints that ran to their end
+	// failing is set from a failed run to the next that works, so that a
+	// failure is logged once, not at every commit. Only loop touches it.
+	failing bool
 }
 
 // sqliteAutoCheckpoint is SQLite's own wal_autocheckpoint.
@@ -61,7 +65,7 @@ func startCheckpointer(ctx context.Context, db *sql.DB, log *slog.Logger) (*chec
 	if pages != sqliteAutoCheckpoint {
 		return nil, conn.Close()
 	}
-	c := &checkpointer{conn: conn, log: log, due: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &checkpointer{db: db, conn: conn, log: log, due: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.loop()
 	return c, nil
 }
@@ -80,7 +84,8 @@ func (c *checkpointer) committed() {
 
 func (c *checkpointer) loop() {
 	defer close(c.done)
-	pause := time.NewTimer(0)
+	pause := time.NewTimer(checkpointEvery)
+	pause.Stop()
 	defer pause.Stop()
 	for {
 		select {
@@ -98,17 +103,41 @@ func (c *checkpointer) loop() {
 	}
 }
 
+// run runs one passive checkpoint. A connection it fails on is given up
+// for another of the pool's at the next run; meanwhile the writer's own
+// bound holds the log.
 func (c *checkpointer) run() {
 	// The context never ends: the driver would watch one that can with a
 	// goroutine, and a checkpoint is bounded by the log's size.
-	var busy, logPages, copied int
-	err := c.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logPages, &copied)
-	c.runs.Add(1)
-	if err != nil {
-		// The next commit asks again; the writer's own bound holds
-		// meanwhile.
-		c.log.Warn("history: WAL checkpoint failed", "err", fmt.Errorf("history.checkpoint: %w", err))
+	ctx := context.Background()
+	err := c.checkpoint(ctx)
+	switch {
+	case err != nil && !c.failing:
+		c.failing = true
+		c.log.Warn("history: WAL checkpoint failed; the writer's commits checkpoint past a longer log until one works",
+			"err", fmt.Errorf("history.checkpoint: %w", err), "writer_autocheckpoint_pages", writerAutoCheckpoint)
+	case err == nil && c.failing:
+		c.failing = false
+		c.log.Info("history: WAL checkpoints work again")
 	}
+}
+
+func (c *checkpointer) checkpoint(ctx context.Context) error {
+	if c.conn == nil {
+		conn, err := c.db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		c.conn = conn
+	}
+	var busy, logPages, copied int
+	if err := c.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logPages, &copied); err != nil {
+		_ = c.conn.Close()
+		c.conn = nil
+		return err
+	}
+	c.runs.Add(1)
+	return nil
 }
 
 // count returns the checkpoints run; none without a checkpointer.
@@ -124,5 +153,7 @@ func (c *checkpointer) count() int64 {
 func (c *checkpointer) close() {
 	close(c.stop)
 	<-c.done
-	_ = c.conn.Close()
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
 }

@@ -1,11 +1,14 @@
 package history
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,4 +236,52 @@ func TestSQLiteCheckpointsAsTheURLSays(t *testing.T) {
 	require.NoError(t, s.sqliteConn.conn.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&writerPages))
 	require.Zero(t, writerPages)
 	require.Zero(t, s.Stats().Checkpoints)
+}
+
+// A checkpoint that fails gives up its connection and the next takes
+// another; the failure is logged once, and the recovery once.
+func TestSQLiteCheckpointerTakesAnotherConnection(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var logs syncBuffer
+	s, err := Open(ctx, Config{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+
+	n := 0
+	write := func() {
+		n++
+		rec := cheetah.CommandRecord{CommandID: fmt.Sprintf("c%04d", n), UserID: "u", ResponseMode: cheetah.ModeRPC, CreatedAt: time.Now()}
+		require.NoError(t, s.Write(ctx, InsertCommand{Rec: rec}))
+	}
+	write()
+	require.Eventually(t, func() bool { return s.Stats().Checkpoints == 1 }, 10*time.Second, time.Millisecond)
+
+	// The connection breaks under it: the next checkpoint fails.
+	require.NoError(t, s.checkpoints.conn.Close())
+	require.Eventually(t, func() bool {
+		write()
+		return s.Stats().Checkpoints >= 3
+	}, 10*time.Second, 10*time.Millisecond, "checkpoints run again, on another connection")
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "WAL checkpoint failed"), out)
+	require.Equal(t, 1, strings.Count(out, "WAL checkpoints work again"), out)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
