@@ -1,37 +1,18 @@
 package agent_test
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 )
-
-// lockedBuffer is a log sink the agent's goroutines and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestTLSBrokerNeedsTrustedRoots: an https:// or wss:// broker whose
 // certificate a private CA issued is reached once Config.TLSConfig trusts
@@ -41,7 +22,7 @@ func TestTLSBrokerNeedsTrustedRoots(t *testing.T) {
 	b := newFakeBrokerOn(t, 1<<20, true)
 	require.True(t, strings.HasPrefix(b.url, "https://"), b.url)
 
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := testConfig(b)
 	cfg.Log = slog.New(slog.NewTextHandler(logs, nil))
 	r := start(t, agent.New(cfg))

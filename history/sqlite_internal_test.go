@@ -1,14 +1,12 @@
 package history
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 )
 
 // TestSQLiteConnectionSettings checks, on the store's own pool, the
@@ -243,7 +242,7 @@ func TestSQLiteCheckpointsAsTheURLSays(t *testing.T) {
 func TestSQLiteCheckpointerTakesAnotherConnection(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, err := Open(ctx, Config{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
@@ -266,22 +265,4 @@ func TestSQLiteCheckpointerTakesAnotherConnection(t *testing.T) {
 	out := logs.String()
 	require.Equal(t, 1, strings.Count(out, "WAL checkpoint failed"), out)
 	require.Equal(t, 1, strings.Count(out, "WAL checkpoints work again"), out)
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

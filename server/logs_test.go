@@ -8,35 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
 )
-
-// syncBuffer is a buffer several loggers may write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A full scenario with known keys, lease tokens and webhook secrets, logged
 // at debug in both formats by the broker and by the agent library: no line
@@ -46,7 +28,7 @@ func (s *syncBuffer) String() string {
 func TestLogsHoldNoSecret(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var text, js syncBuffer
+	var text, js syncbuf.Buffer
 	opts := &slog.HandlerOptions{Level: slog.LevelDebug}
 	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(&text, opts), slog.NewJSONHandler(&js, opts)))
 

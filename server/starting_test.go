@@ -19,6 +19,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history/historytest"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
 	"github.com/cheetahbroker/cheetah/server"
 )
@@ -79,7 +80,7 @@ func TestOpenRetryWaitsForPostgres(t *testing.T) {
 	u := *real
 	u.Host, u.User = addr, url.UserPassword(real.User.Username(), password)
 
-	var text syncBuffer
+	var text syncbuf.Buffer
 	attempts := make(chan slog.Record, 64)
 	log := slog.New(attemptLog{ch: attempts, text: slog.NewTextHandler(&text, nil)})
 	front := server.NewStarting(nil)

@@ -27,6 +27,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
@@ -106,13 +107,13 @@ type tlsBroker struct {
 	certs             *server.CertReloader
 	addr              string // host:port
 	certFile, keyFile string
-	logs              *syncBuffer
+	logs              *syncbuf.Buffer
 }
 
 func startTLSBroker(t *testing.T, ca *testCA) *tlsBroker {
 	t.Helper()
 	dir := t.TempDir()
-	tb := &tlsBroker{certFile: filepath.Join(dir, "cert.pem"), keyFile: filepath.Join(dir, "key.pem"), logs: &syncBuffer{}}
+	tb := &tlsBroker{certFile: filepath.Join(dir, "cert.pem"), keyFile: filepath.Join(dir, "key.pem"), logs: &syncbuf.Buffer{}}
 	certPEM, keyPEM := ca.leaf(t, 1001)
 	writePair(t, tb.certFile, tb.keyFile, certPEM, keyPEM)
 	lg := slog.New(slog.NewTextHandler(tb.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -28,6 +28,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 )
 
 var binary string
@@ -51,25 +52,7 @@ func TestMain(m *testing.M) {
 // proc is a running cheetah process whose output is kept for failures.
 type proc struct {
 	cmd *exec.Cmd
-	out *outBuffer
-}
-
-// outBuffer is a process's output, readable while the process writes it.
-type outBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (o *outBuffer) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.Write(p)
-}
-
-func (o *outBuffer) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.String()
+	out *syncbuf.Buffer
 }
 
 func start(t *testing.T, env []string, args ...string) *proc {
@@ -83,7 +66,7 @@ func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	var buf outBuffer
+	var buf syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	require.NoError(t, cmd.Start())
 	p := &proc{cmd: cmd, out: &buf}

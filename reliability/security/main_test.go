@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/reliability/internal/rig"
 	"github.com/cheetahbroker/cheetah/server"
@@ -46,7 +47,7 @@ type env struct {
 	b    *server.Broker
 	hs   *httptest.Server
 	api  *rig.API
-	logs *rig.SyncBuffer
+	logs *syncbuf.Buffer
 	app  string
 	keys map[string]string // user → client key
 	// answers collects every answer body the tests saw, for the secrets check.
@@ -55,7 +56,7 @@ type env struct {
 
 func newEnv(t *testing.T, tweak ...func(*server.Options)) *env {
 	t.Helper()
-	logs := &rig.SyncBuffer{}
+	logs := &syncbuf.Buffer{}
 	opts := server.Options{DataDir: t.TempDir(), AdminKey: adminKey, MaxMessageBytes: 64 << 10, MaxBodyBytes: 256 << 10,
 		ReconnectGrace: time.Hour,
 		Log:            slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}

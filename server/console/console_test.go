@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
 	"github.com/cheetahbroker/cheetah/server/console"
@@ -81,26 +80,8 @@ func sessionCookie(t *testing.T, resp *http.Response) *http.Cookie {
 	return nil
 }
 
-// syncBuffer is a buffer the broker's log may write from any goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestSignInCookie(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	br := startBroker(t, server.Options{Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	client := cookieClient(t)
 

@@ -14,10 +14,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 )
 
 // Build compiles the cheetah binary into dir and returns its path. Test
@@ -32,30 +33,12 @@ func Build(dir string) (string, error) {
 	return bin, nil
 }
 
-// SyncBuffer is a bytes.Buffer safe for a process's output and a reader.
-type SyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *SyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *SyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Proc is a process started by a test, in a process group of its own so
 // that whatever it starts (an agent's exec children) is stopped with it.
 type Proc struct {
 	Name string
 	Cmd  *exec.Cmd
-	Out  *SyncBuffer
+	Out  *syncbuf.Buffer
 	done chan struct{}
 	err  error
 }
@@ -66,7 +49,7 @@ func Start(t testing.TB, name string, env []string, bin string, args ...string) 
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	out := &SyncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

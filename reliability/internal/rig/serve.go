@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 )
 
 // Serve is a `cheetah serve` process and the settings to start it again on
@@ -19,7 +21,7 @@ type Serve struct {
 	API      *API
 	// Logs keeps the output of every process started, for the checks that
 	// no secret reaches a log.
-	Logs []*SyncBuffer
+	Logs []*syncbuf.Buffer
 }
 
 // NewServe prepares a broker on addr. store is a --data-dir for SQLite or
