@@ -737,9 +737,14 @@ func TestServeShutdownWithCommandsInFlight(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		require.True(t, json.Valid([]byte(line)), "a JSON log line: %s", line)
 	}
+	// The agent hears the close on its own time: under load, after serve
+	// has exited. It is stopped only once it has. (Its words, not the
+	// code alone, which a random session id may hold.)
+	require.Eventually(t, func() bool {
+		return strings.Contains(r.agent.out.String(), "the broker is going away")
+	}, 30*time.Second, 10*time.Millisecond, "the agent was closed with going-away (1001)")
 	require.NoError(t, r.agent.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, r.agent.cmd.Wait())
-	require.Contains(t, r.agent.out.String(), "1001", "the agent was closed with going-away")
 
 	// History, read straight from the store: nothing is left in flight.
 	store, err := history.Open(context.Background(), history.Config{DataDir: r.dataDir})
