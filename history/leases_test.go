@@ -20,11 +20,7 @@ import (
 func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	base := historytest.NewPostgres(t)
-	a := historytest.Beside(t, base, historytest.Replica("leaseaaa"))
-	b := historytest.Beside(t, base, historytest.Replica("leasebbb"))
-	require.NoError(t, a.JoinReplica(ctx, "leaseaaa", "", time.Hour))
-	require.NoError(t, b.JoinReplica(ctx, "leasebbb", "", time.Hour))
+	base, a, b := twoReplicas(t, "leaseaaa", "leasebbb")
 
 	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 	row := history.PutLease{TokenDigest: sha256.Sum256([]byte("token-1")), UserID: "u1", ClientID: "c1", ContextID: "x1",
@@ -125,11 +121,7 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 func TestLeaseRowsInBatchesOfEverySize(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	base := historytest.NewPostgres(t)
-	a := historytest.Beside(t, base, historytest.Replica("sizeaaaa"))
-	b := historytest.Beside(t, base, historytest.Replica("sizebbbb"))
-	require.NoError(t, a.JoinReplica(ctx, "sizeaaaa", "", time.Hour))
-	require.NoError(t, b.JoinReplica(ctx, "sizebbbb", "", time.Hour))
+	base, a, b := twoReplicas(t, "sizeaaaa", "sizebbbb")
 	db := historytest.DB(t, base)
 	expires := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 
@@ -190,11 +182,7 @@ FROM leases WHERE token_digest = $1`, l.TokenDigest[:]).Scan(&digest, &got.UserI
 func TestOrphanedLeasesOfferTheLatestEpochOfAContext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	base := historytest.NewPostgres(t)
-	a := historytest.Beside(t, base, historytest.Replica("orphaaaa"))
-	b := historytest.Beside(t, base, historytest.Replica("orphbbbb"))
-	require.NoError(t, a.JoinReplica(ctx, "orphaaaa", "", time.Hour))
-	require.NoError(t, b.JoinReplica(ctx, "orphbbbb", "", time.Hour))
+	_, a, b := twoReplicas(t, "orphaaaa", "orphbbbb")
 
 	expires := time.Now().Add(time.Hour).UTC()
 	lease := func(token, contextID string, epoch int64) history.PutLease {
@@ -214,4 +202,17 @@ func TestOrphanedLeasesOfferTheLatestEpochOfAContext(t *testing.T) {
 	}
 	require.Len(t, rows, 2)
 	require.Equal(t, map[string]int64{"x1": 9, "x2": 4}, got)
+}
+
+// twoReplicas opens two stores on one new PostgreSQL database, each a
+// replica of the given id that has joined, and returns the database's own
+// store with them.
+func twoReplicas(t *testing.T, idA, idB string) (base, a, b *history.Store) {
+	t.Helper()
+	base = historytest.NewPostgres(t)
+	a = historytest.Beside(t, base, historytest.Replica(idA))
+	b = historytest.Beside(t, base, historytest.Replica(idB))
+	require.NoError(t, a.JoinReplica(context.Background(), idA, "", time.Hour))
+	require.NoError(t, b.JoinReplica(context.Background(), idB, "", time.Hour))
+	return base, a, b
 }
