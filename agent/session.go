@@ -238,7 +238,7 @@ func (s *session) read(ctx context.Context) (protocol.Frame, error) {
 	}
 	// One buffer serves every frame: no decoded frame refers to it.
 	b, err := protocol.ReadMessage(r, s.rbuf[:0], math.MaxInt64) // the library enforces the read limit
-	s.rbuf = keepBuf(b)
+	s.rbuf = protocol.KeepBuffer(b)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +289,7 @@ func (s *session) write(ctx context.Context, f protocol.Frame) error {
 	if err != nil {
 		return fmt.Errorf("agent: encode %s: %w", f.FrameType(), err)
 	}
-	s.wbuf = keepBuf(b)
+	s.wbuf = protocol.KeepBuffer(b)
 	if limit := s.welcome.MaxMessageBytes; limit > 0 && int64(len(b)) > limit {
 		return fmt.Errorf("agent: send %s of %d bytes (limit %d): %w",
 			f.FrameType(), len(b), limit, ErrTooLarge)
@@ -300,17 +300,4 @@ func (s *session) write(ctx context.Context, f protocol.Frame) error {
 		return fmt.Errorf("agent: send %s: %w", f.FrameType(), err)
 	}
 	return nil
-}
-
-// maxKeptBuf bounds the buffers a session keeps between frames: a rare
-// large frame's is let go.
-const maxKeptBuf = 64 << 10
-
-// keepBuf returns b to keep for the next frame, or nil when it is too large
-// to keep.
-func keepBuf(b []byte) []byte {
-	if cap(b) > maxKeptBuf {
-		return nil
-	}
-	return b
 }

@@ -148,9 +148,13 @@ func (c *checkpointer) count() int64 {
 	return c.runs.Load()
 }
 
-// close stops the checkpointer and waits for it. SQLite checkpoints the
-// log one last time when the store closes its last connection.
+// close stops the checkpointer and waits for it; nothing without one.
+// SQLite checkpoints the log one last time when the store closes its last
+// connection.
 func (c *checkpointer) close() {
+	if c == nil {
+		return
+	}
 	close(c.stop)
 	<-c.done
 	if c.conn != nil {

@@ -465,9 +465,7 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		<-s.stopped
 		s.sqliteConn.close() // the writer has stopped
-		if s.checkpoints != nil {
-			s.checkpoints.close()
-		}
+		s.checkpoints.close()
 		s.down.Store(&downState{err: cheetah.StoreUnavailable("history", ErrClosed)})
 		if s.inst.reg != nil {
 			_ = s.inst.reg.Unregister()

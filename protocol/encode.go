@@ -59,17 +59,14 @@ func EncodedLen(f Frame) (int, error) {
 	bp := scratch.Get().(*[]byte)
 	b, err := Append((*bp)[:0], f)
 	n := len(b)
-	if cap(b) <= maxScratch {
-		*bp = b
+	if *bp = KeepBuffer(b); *bp != nil {
 		scratch.Put(bp)
 	}
 	return n, err
 }
 
-// scratch recycles EncodedLen's buffers, up to maxScratch bytes each.
+// scratch recycles EncodedLen's buffers (those KeepBuffer keeps).
 var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
-
-const maxScratch = 64 << 10
 
 // writers recycles writers: one would escape to the heap through the
 // frame's encode method.

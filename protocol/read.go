@@ -26,3 +26,17 @@ func ReadMessage(r io.Reader, b []byte, limit int64) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// MaxKeptBuffer bounds a buffer kept from one frame to the next (for
+// ReadMessage, or for encoding): a rare large frame's is let go rather than
+// held for as long as its connection.
+const MaxKeptBuffer = 64 << 10
+
+// KeepBuffer returns b to keep for the next frame, or nil when it is larger
+// than MaxKeptBuffer.
+func KeepBuffer(b []byte) []byte {
+	if cap(b) > MaxKeptBuffer {
+		return nil
+	}
+	return b
+}

@@ -78,3 +78,10 @@ func TestEncodedLenIsTheEncodingsLength(t *testing.T) {
 	_, err := protocol.EncodedLen(bad)
 	require.EqualError(t, err, wantErr.Error())
 }
+
+func TestKeepBuffer(t *testing.T) {
+	t.Parallel()
+	kept := make([]byte, 10, protocol.MaxKeptBuffer)
+	require.Equal(t, kept, protocol.KeepBuffer(kept))
+	require.Nil(t, protocol.KeepBuffer(make([]byte, 0, protocol.MaxKeptBuffer+1)), "a large frame's buffer is let go")
+}

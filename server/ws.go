@@ -444,7 +444,7 @@ func (s *Server) getBuf() *[]byte {
 }
 
 func (s *Server) putBuf(b *[]byte) {
-	if cap(*b) > 64<<10 {
+	if protocol.KeepBuffer(*b) == nil {
 		return // a large frame's buffer is not worth keeping
 	}
 	s.bufs.Put(b)
