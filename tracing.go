@@ -24,7 +24,7 @@ type ManagerOption func(*Manager)
 func WithTracerProvider(tp trace.TracerProvider) ManagerOption {
 	return func(m *Manager) {
 		if tp != nil {
-			m.tracer = tp.Tracer(instrumentation)
+			m.tracer = tracing.Tracer(tp, instrumentation)
 		}
 	}
 }

@@ -16,9 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cheetahbroker/cheetah/internal/tracing"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -148,14 +148,10 @@ func New(cfg Config) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
 	a := &Agent{
 		cfg:      cfg,
 		dialer:   dialer(cfg.TLSConfig),
-		tracer:   tp.Tracer("github.com/cheetahbroker/cheetah/agent"),
+		tracer:   tracing.Tracer(cfg.TracerProvider, "github.com/cheetahbroker/cheetah/agent"),
 		log:      log.With("client_id", cfg.ClientID),
 		flows:    make(map[string]*flow, cfg.Flows),
 		handlers: make(map[string]Handler),

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -21,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/internal/tracing"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -71,13 +71,10 @@ var frameTypes = []protocol.Type{
 }
 
 func newInstruments(tp trace.TracerProvider, mp metric.MeterProvider) (*instruments, error) {
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	in := &instruments{tracer: tp.Tracer(instrumentation), frameOpt: map[frameKey][]metric.AddOption{}}
+	in := &instruments{tracer: tracing.Tracer(tp, instrumentation), frameOpt: map[frameKey][]metric.AddOption{}}
 	m := mp.Meter(instrumentation)
 	var err error
 	in.frames, err = m.Int64Counter("cheetah.frames", metric.WithUnit("{frame}"),

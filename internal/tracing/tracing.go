@@ -17,12 +17,13 @@ import (
 // non-recording span and a context to carry it: on the broker's hottest
 // calls (an acquire, a release, a send) that is most of what they allocate.
 // So the tracer returned for it starts nothing until an SDK is installed,
-// and from then on is the global provider's own.
+// and from then on is the global provider's own. That holds whether tp is
+// nil or that default provider itself, as a broker without a trace exporter
+// hands it on.
 func Tracer(tp trace.TracerProvider, name string) trace.Tracer {
-	if tp != nil {
-		return tp.Tracer(name)
+	if tp == nil {
+		tp = otel.GetTracerProvider()
 	}
-	tp = otel.GetTracerProvider()
 	if !isDefaultGlobal(tp) {
 		return tp.Tracer(name)
 	}

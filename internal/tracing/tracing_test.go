@@ -13,6 +13,19 @@ import (
 	"github.com/cheetahbroker/cheetah/internal/tracing"
 )
 
+// The default global provider handed on explicitly, as a broker without a
+// trace exporter does, starts nothing either. Not parallel, and first: the
+// next test installs an SDK for good.
+func TestDefaultGlobalProviderGivenStartsNothing(t *testing.T) {
+	tp := otel.GetTracerProvider()
+	tr := tracing.Tracer(tp, "test")
+	ctx := context.Background()
+	got, span := tr.Start(ctx, "idle")
+	require.False(t, span.IsRecording())
+	require.Equal(t, ctx, got)
+	require.Zero(t, testing.AllocsPerRun(100, func() { _, s := tr.Start(ctx, "idle"); s.End() }))
+}
+
 // Not parallel: it installs otel's global provider, for good (otel cannot
 // go back to its default one).
 func TestGlobalTracerStartsNothingUntilAnSDKIsInstalled(t *testing.T) {
