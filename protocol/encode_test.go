@@ -141,6 +141,32 @@ func TestEncodeRefusesInvalidFrames(t *testing.T) {
 	require.Error(t, err, "encoding/json refuses what Encode refuses")
 }
 
+// A command marked checked is encoded without its JSON values read again
+// (the broker checked them at admission), but its other fields still are.
+func TestEncodeTrustsCheckedCommandJSON(t *testing.T) {
+	t.Parallel()
+	cmd := &Command{CommandID: "c", ContextID: "x", TaskID: "t", Epoch: 1, Name: "n", ResponseMode: ResponseRPC,
+		Params: json.RawMessage(`{"a":1,"a":2}`)} // a duplicate name: refused unless checked
+	_, err := Encode(cmd)
+	requireMalformed(t, err, TypeCommand, "params")
+
+	cmd.MarkJSONChecked()
+	b, err := Encode(cmd)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"params":{"a":1,"a":2}`, "passed through as it is")
+	probe := *cmd // a copy keeps the mark, as the broker's size check relies on
+	n, err := EncodedLen(&probe)
+	require.NoError(t, err)
+	require.Equal(t, len(b), n)
+
+	cmd.ContextID = "not an id!"
+	_, err = Encode(cmd)
+	requireMalformed(t, err, TypeCommand, "context_id")
+	cmd.ContextID, cmd.Target = "x", json.RawMessage(`[1]`)
+	_, err = Encode(cmd)
+	requireMalformed(t, err, TypeCommand, "target") // still an object, or nothing
+}
+
 func TestEncodeEscapesStrings(t *testing.T) {
 	t.Parallel()
 	f := &Error{Code: "x", Message: "quote \" backslash \\ newline \n nul \x00 bad \xff"}

@@ -293,7 +293,19 @@ type Command struct {
 	TimeoutMS    int64           `json:"timeout_ms,omitempty"`
 	Options      json.RawMessage `json:"options,omitempty"`
 	Traceparent  string          `json:"traceparent,omitempty"`
+
+	// jsonChecked is set by MarkJSONChecked.
+	jsonChecked bool
 }
+
+// MarkJSONChecked records that f's Params, Target and Options have been
+// checked as the broker checks what it stores (CheckJSON at MaxJSONDepth,
+// Target and Options objects), so that encoding f does not check them
+// again: the broker's admission checks a command's JSON once, and the
+// command is then encoded twice (its size, then the frame sent), each of
+// which would otherwise read every byte of it again. Whoever sets one of
+// the three afterwards must check it again before sending f.
+func (f *Command) MarkJSONChecked() { f.jsonChecked = true }
 
 // Cancel asks a client to stop a command. It is advice: the client still
 // owes the command's terminal message, if its response mode asks for one.

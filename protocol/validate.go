@@ -56,9 +56,11 @@ func ValidUserID(s string) bool { return ValidID(s) }
 type checker struct {
 	frame Type
 	err   *MalformedError
-	// decoded is set when the frame comes from Decode, which has checked
-	// the whole frame's JSON (syntax, UTF-8, names, depth) already.
-	decoded bool
+	// jsonChecked is set when the frame's JSON values were checked
+	// already: the frame comes from Decode, which checked the whole frame's
+	// JSON (syntax, UTF-8, names, depth), or it is a command whose values
+	// the broker checked (Command.MarkJSONChecked).
+	jsonChecked bool
 }
 
 func (c *checker) fail(field, format string, args ...any) {
@@ -146,7 +148,7 @@ func (c *checker) effects(field string, m map[string]string) {
 // checked this for the whole frame; Encode needs it because it copies the
 // bytes into the frame as they are.
 func (c *checker) json(field string, v json.RawMessage) {
-	if len(v) == 0 || c.decoded || validValue(v, MaxJSONDepth) {
+	if len(v) == 0 || c.jsonChecked || validValue(v, MaxJSONDepth) {
 		return
 	}
 	// Something is wrong; say what, as the checks always have.
@@ -180,7 +182,7 @@ func (c *checker) object(field string, v json.RawMessage) {
 }
 
 func (f *Hello) validate(decoded bool) error {
-	c := &checker{frame: TypeHello, decoded: decoded}
+	c := &checker{frame: TypeHello, jsonChecked: decoded}
 	if f.Protocol != ProtocolVersion {
 		c.fail("protocol", "is %d, but only protocol version %d is supported", f.Protocol, ProtocolVersion)
 	}
@@ -201,7 +203,7 @@ func (f *Hello) validate(decoded bool) error {
 }
 
 func (f *State) validate(decoded bool) error {
-	c := &checker{frame: TypeState, decoded: decoded}
+	c := &checker{frame: TypeState, jsonChecked: decoded}
 	// Context ids are unique within a client; a report that repeats one
 	// cannot say which of the two entries is the truth.
 	seen := make(map[string]bool, len(f.Contexts))
@@ -230,20 +232,20 @@ func (f *State) validate(decoded bool) error {
 }
 
 func (f *Ack) validate(decoded bool) error {
-	c := &checker{frame: TypeAck, decoded: decoded}
+	c := &checker{frame: TypeAck, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
 func (f *Progress) validate(decoded bool) error {
-	c := &checker{frame: TypeProgress, decoded: decoded}
+	c := &checker{frame: TypeProgress, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
 func (f *Event) validate(decoded bool) error {
-	c := &checker{frame: TypeEvent, decoded: decoded}
+	c := &checker{frame: TypeEvent, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("name", f.Name)
 	c.text("name", f.Name)
@@ -252,7 +254,7 @@ func (f *Event) validate(decoded bool) error {
 }
 
 func (f *Capture) validate(decoded bool) error {
-	c := &checker{frame: TypeCapture, decoded: decoded}
+	c := &checker{frame: TypeCapture, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.nonEmpty("mime", f.MIME)
 	c.text("mime", f.MIME)
@@ -264,14 +266,14 @@ func (f *Capture) validate(decoded bool) error {
 }
 
 func (f *Result) validate(decoded bool) error {
-	c := &checker{frame: TypeResult, decoded: decoded}
+	c := &checker{frame: TypeResult, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	c.json("data", f.Data)
 	return c.result()
 }
 
 func (f *Error) validate(decoded bool) error {
-	c := &checker{frame: TypeError, decoded: decoded}
+	c := &checker{frame: TypeError, jsonChecked: decoded}
 	c.nonEmpty("code", string(f.Code))
 	c.text("code", string(f.Code))
 	c.json("data", f.Data)
@@ -281,7 +283,7 @@ func (f *Error) validate(decoded bool) error {
 func (*Ping) validate(bool) error { return nil }
 
 func (f *Welcome) validate(decoded bool) error {
-	c := &checker{frame: TypeWelcome, decoded: decoded}
+	c := &checker{frame: TypeWelcome, jsonChecked: decoded}
 	c.nonNegative("protocol", int64(f.Protocol))
 	c.nonEmpty("session_id", f.SessionID)
 	if !ValidUserID(f.UserID) {
@@ -295,7 +297,7 @@ func (f *Welcome) validate(decoded bool) error {
 }
 
 func (f *Command) validate(decoded bool) error {
-	c := &checker{frame: TypeCommand, decoded: decoded}
+	c := &checker{frame: TypeCommand, jsonChecked: decoded || f.jsonChecked}
 	c.nonEmpty("command_id", f.CommandID)
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
@@ -314,13 +316,13 @@ func (f *Command) validate(decoded bool) error {
 }
 
 func (f *Cancel) validate(decoded bool) error {
-	c := &checker{frame: TypeCancel, decoded: decoded}
+	c := &checker{frame: TypeCancel, jsonChecked: decoded}
 	c.nonEmpty("command_id", f.CommandID)
 	return c.result()
 }
 
 func (f *Assignment) validate(decoded bool) error {
-	c := &checker{frame: TypeAssignment, decoded: decoded}
+	c := &checker{frame: TypeAssignment, jsonChecked: decoded}
 	c.id("context_id", f.ContextID)
 	c.nonEmpty("task_id", f.TaskID)
 	c.nonNegative("epoch", f.Epoch)
@@ -334,14 +336,14 @@ func (f *Assignment) validate(decoded bool) error {
 func (*Pong) validate(bool) error { return nil }
 
 func (f *CreateContext) validate(decoded bool) error {
-	c := &checker{frame: TypeCreateContext, decoded: decoded}
+	c := &checker{frame: TypeCreateContext, jsonChecked: decoded}
 	c.id("request_id", f.RequestID)
 	c.text("url", f.URL)
 	return c.result()
 }
 
 func (f *CreateFailed) validate(decoded bool) error {
-	c := &checker{frame: TypeCreateFailed, decoded: decoded}
+	c := &checker{frame: TypeCreateFailed, jsonChecked: decoded}
 	c.id("request_id", f.RequestID)
 	c.nonEmpty("code", string(f.Code))
 	c.text("code", string(f.Code))
@@ -349,7 +351,7 @@ func (f *CreateFailed) validate(decoded bool) error {
 }
 
 func (f *Hold) validate(decoded bool) error {
-	c := &checker{frame: TypeHold, decoded: decoded}
+	c := &checker{frame: TypeHold, jsonChecked: decoded}
 	c.id("context_id", f.ContextID)
 	if f.TTLSeconds < 0 || f.TTLSeconds > MaxHoldTTL {
 		c.fail("ttl_s", "must be 0 to %d seconds", MaxHoldTTL)
@@ -358,13 +360,13 @@ func (f *Hold) validate(decoded bool) error {
 }
 
 func (f *Unhold) validate(decoded bool) error {
-	c := &checker{frame: TypeUnhold, decoded: decoded}
+	c := &checker{frame: TypeUnhold, jsonChecked: decoded}
 	c.id("context_id", f.ContextID)
 	return c.result()
 }
 
 func (f *HoldStateFrame) validate(decoded bool) error {
-	c := &checker{frame: TypeHoldState, decoded: decoded}
+	c := &checker{frame: TypeHoldState, jsonChecked: decoded}
 	c.id("context_id", f.ContextID)
 	if !f.State.Valid() {
 		c.fail("state", "must be %q, %q or %q", HoldPending, HoldActive, HoldEnded)

@@ -220,13 +220,12 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 		}
 		params = b
 	}
-	if params != nil && !json.Valid(params) {
-		return nil, cheetah.Invalidf("params is not valid JSON")
-	}
 	// A JSON null is no target and no options, as in the HTTP API.
 	so.Target, so.Options = nullIsAbsent(so.Target), nullIsAbsent(so.Options)
 	// What the store keeps is checked as the HTTP API checks it (depth,
 	// duplicate names, UTF-8), so an in-process sender is refused alike.
+	// This is the one pass over the command's JSON: the frame is marked
+	// checked below, and its encodings do not read it again.
 	for _, v := range []struct {
 		field string
 		b     json.RawMessage
@@ -235,6 +234,9 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 			continue
 		}
 		if jerr := protocol.CheckJSON(v.b, cheetah.MaxJSONDepth); jerr != nil {
+			if v.field == "params" && !json.Valid(params) {
+				return nil, cheetah.Invalidf("params is not valid JSON")
+			}
 			return nil, cheetah.Invalidf("%s %s", v.field, jerr.Error())
 		}
 	}
@@ -257,6 +259,7 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 		ResponseMode: so.ResponseMode, TimeoutMS: timeout.Milliseconds(),
 		Options: so.Options, Traceparent: traceparent(sc),
 	}
+	f.MarkJSONChecked() // params, target and options, above
 	// A frame the client would refuse as too large is refused here, before
 	// anything is recorded. The context, task and epoch are not known yet,
 	// so the check sizes them at their longest.
