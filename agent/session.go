@@ -17,8 +17,8 @@ import (
 )
 
 // writeTimeout bounds one frame write. A broker that does not take a frame
-// in that time is stuck; the WebSocket library then closes the connection
-// and the agent reconnects.
+// in that time is stuck; the session then closes the connection and the
+// agent reconnects.
 const writeTimeout = 10 * time.Second
 
 // handshakeReadLimit is the read limit until the welcome states the broker's
@@ -92,7 +92,13 @@ type session struct {
 
 	writeMu sync.Mutex // one frame at a time, in the order the writers got here
 	wbuf    []byte     // the frame being written, under writeMu
-	rbuf    []byte     // the frame being read, by the reading goroutine only
+	// stuck closes the connection once a write has taken writeTimeout. It
+	// is armed around each write, under writeMu: a context with a deadline
+	// per frame would cost a timer, a context and the library's watch of
+	// that context on every frame.
+	stuck        *time.Timer
+	writeTimeout time.Duration // writeTimeout; shorter in tests
+	rbuf         []byte        // the frame being read, by the reading goroutine only
 
 	born     time.Time
 	lastSeen atomic.Int64 // time since born of the last frame read, in ns
@@ -109,7 +115,9 @@ func dial(ctx context.Context, target string, hc *http.Client, log *slog.Logger)
 		return nil, fmt.Errorf("agent: dial %s: %w", target, err)
 	}
 	conn.SetReadLimit(handshakeReadLimit)
-	s := &session{conn: conn, log: log, born: time.Now()}
+	s := &session{conn: conn, log: log, born: time.Now(), writeTimeout: writeTimeout}
+	s.stuck = time.AfterFunc(writeTimeout, func() { _ = conn.CloseNow() })
+	s.stuck.Stop()
 	s.touch()
 	return s, nil
 }
@@ -294,9 +302,10 @@ func (s *session) write(ctx context.Context, f protocol.Frame) error {
 		return fmt.Errorf("agent: send %s of %d bytes (limit %d): %w",
 			f.FrameType(), len(b), limit, ErrTooLarge)
 	}
-	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
-	defer cancel()
-	if err := s.conn.Write(ctx, websocket.MessageText, b); err != nil {
+	s.stuck.Reset(s.writeTimeout)
+	err = s.conn.Write(ctx, websocket.MessageText, b)
+	s.stuck.Stop()
+	if err != nil {
 		return fmt.Errorf("agent: send %s: %w", f.FrameType(), err)
 	}
 	return nil
