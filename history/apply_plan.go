@@ -17,6 +17,10 @@ type writePlan struct {
 	leases     []leaseChange // one per lease, the last op's
 	leaseAt    map[[32]byte]int
 	insertedAt map[string]int // see inserted
+
+	// What plan keeps track of while it folds a batch's ops, by command id.
+	statusAt, deliveryAt map[string]int
+	msgCount             map[string]int64
 }
 
 // statusChange is what the SetStatus ops of one command in one batch amount
@@ -52,25 +56,23 @@ func (p *writePlan) empty() bool {
 	return len(p.cmds) == 0 && len(p.statuses) == 0 && len(p.msgs) == 0 && len(p.deliveries) == 0 && len(p.leases) == 0
 }
 
-func planOps(ops []Op) writePlan {
-	var p writePlan
-	var (
-		statusAt   map[string]int
-		deliveryAt map[string]int
-		msgCount   map[string]int64
-	)
+// plan makes p the plan of ops. The writer keeps one plan and plans every
+// batch into it: a batch's rows, and the maps that fold them, reuse the room
+// the batches before grew instead of growing it again.
+func (p *writePlan) plan(ops []Op) {
+	p.reset()
 	for _, op := range ops {
 		switch o := op.(type) {
 		case InsertCommand:
 			p.cmds = append(p.cmds, newCommandRow(o))
 		case SetStatus:
-			if statusAt == nil {
-				statusAt = make(map[string]int)
+			if p.statusAt == nil {
+				p.statusAt = make(map[string]int)
 			}
-			i, ok := statusAt[o.CommandID]
+			i, ok := p.statusAt[o.CommandID]
 			if !ok {
 				i = len(p.statuses)
-				statusAt[o.CommandID] = i
+				p.statusAt[o.CommandID] = i
 				p.statuses = append(p.statuses, statusChange{commandID: o.CommandID, errRank: -1})
 			}
 			c := &p.statuses[i]
@@ -90,21 +92,21 @@ func planOps(ops []Op) writePlan {
 				c.errRank, c.err = rank, o.Error
 			}
 		case AppendMessage:
-			if msgCount == nil {
-				msgCount = make(map[string]int64)
+			if p.msgCount == nil {
+				p.msgCount = make(map[string]int64)
 			}
-			msgCount[o.CommandID]++
-			p.msgs = append(p.msgs, newMessageRow(o, msgCount[o.CommandID]))
+			p.msgCount[o.CommandID]++
+			p.msgs = append(p.msgs, newMessageRow(o, p.msgCount[o.CommandID]))
 		case SetDelivery:
 			// Each overwrites the last: only the last of a command's counts.
-			if deliveryAt == nil {
-				deliveryAt = make(map[string]int)
+			if p.deliveryAt == nil {
+				p.deliveryAt = make(map[string]int)
 			}
-			if i, ok := deliveryAt[o.CommandID]; ok {
+			if i, ok := p.deliveryAt[o.CommandID]; ok {
 				p.deliveries[i] = o
 				continue
 			}
-			deliveryAt[o.CommandID] = len(p.deliveries)
+			p.deliveryAt[o.CommandID] = len(p.deliveries)
 			p.deliveries = append(p.deliveries, o)
 		case PutLease:
 			p.planLease(o.TokenDigest, leaseChange{put: o})
@@ -127,8 +129,27 @@ func planOps(ops []Op) writePlan {
 		}
 		kept = append(kept, c)
 	}
+	clear(p.statuses[len(kept):]) // so that past len all is zero, for reset
 	p.statuses = kept
-	return p
+}
+
+// reset empties p for the next batch, keeping its room. What the rows
+// held (the ops' params, messages, bytes) is let go at once, not when the
+// room is next written. Only the rows in use are cleared: past them the
+// room is zero already, and a batch of one row does not pay for the room a
+// burst grew.
+func (p *writePlan) reset() {
+	clear(p.cmds)
+	clear(p.statuses)
+	clear(p.msgs)
+	clear(p.deliveries)
+	clear(p.leases)
+	p.cmds, p.statuses, p.msgs, p.deliveries, p.leases = p.cmds[:0], p.statuses[:0], p.msgs[:0], p.deliveries[:0], p.leases[:0]
+	clear(p.leaseAt)
+	clear(p.insertedAt)
+	clear(p.statusAt)
+	clear(p.deliveryAt)
+	clear(p.msgCount)
 }
 
 // inserted returns the index in p.cmds of the command id this batch
@@ -137,8 +158,10 @@ func (p *writePlan) inserted(id string) (int, bool) {
 	if len(p.cmds) == 0 {
 		return 0, false
 	}
-	if p.insertedAt == nil {
-		p.insertedAt = make(map[string]int, len(p.cmds))
+	if len(p.insertedAt) == 0 {
+		if p.insertedAt == nil {
+			p.insertedAt = make(map[string]int, len(p.cmds))
+		}
 		for i := range p.cmds {
 			p.insertedAt[p.cmds[i].CommandID] = i
 		}

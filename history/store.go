@@ -129,6 +129,10 @@ type Store struct {
 	// The SQLite write path's connection and statements (see
 	// applySQLite); only the writer goroutine touches them.
 	sqliteConn sqliteConn
+	// plan is the batch being written, made again for each batch in the
+	// room of the last (see writePlan.plan); only the writer goroutine
+	// touches it.
+	plan writePlan
 	// checkpoints runs SQLite's checkpoints beside the writer; nil on
 	// PostgreSQL.
 	checkpoints *checkpointer

@@ -593,11 +593,13 @@ func (s *Store) apply(ops []Op) (err error) {
 	defer func() { s.inst.record(time.Since(start), len(ops), err) }()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	p := planOps(ops)
+	p := &s.plan
+	p.plan(ops)
+	defer p.reset()
 	if s.dialect == DialectPostgres {
-		err = s.applyPostgres(ctx, &p)
+		err = s.applyPostgres(ctx, p)
 	} else {
-		err = s.applySQLite(ctx, &p)
+		err = s.applySQLite(ctx, p)
 	}
 	if err != nil {
 		if !errors.Is(err, cheetah.ErrStoreUnavailable) && !errors.Is(err, cheetah.ErrInvalidRequest) && !isRefused(err) {
