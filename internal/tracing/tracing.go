@@ -53,6 +53,13 @@ func (g *globalTracer) Start(ctx context.Context, name string, opts ...trace.Spa
 		return g.tracer.Start(ctx, name, opts...)
 	}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
+			// A parent that records nothing serves as the child as it
+			// is: every method of it does nothing, and a new span
+			// would cost an allocation per call (the broker gives each
+			// command such a parent, for its trace id).
+			return ctx, parent
+		}
 		return ctx, parentSpan{sc: sc}
 	}
 	return ctx, noop.Span{}
