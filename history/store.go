@@ -130,8 +130,8 @@ type Store struct {
 	// applySQLite); only the writer goroutine touches them.
 	sqliteConn sqliteConn
 	// plan is the batch being written, made again for each batch in the
-	// room of the last (see writePlan.plan); only the writer goroutine
-	// touches it.
+	// room of the last (see writePlan.plan), which the batch size bounds;
+	// only the writer goroutine touches it.
 	plan writePlan
 	// checkpoints runs SQLite's checkpoints beside the writer; nil on
 	// PostgreSQL.
