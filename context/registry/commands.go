@@ -262,12 +262,14 @@ func (r *Registry) prepare(cmd cheetah.Command, so cheetah.SendOptions, sc trace
 	f.MarkJSONChecked() // params, target and options, above
 	// A frame the client would refuse as too large is refused here, before
 	// anything is recorded. The context, task and epoch are not known yet,
-	// so the check sizes them at their longest.
-	probe := *f
-	probe.ContextID, probe.TaskID, probe.Epoch = longestContextID, longestTaskID, math.MaxInt64
-	if n, err := protocol.EncodedLen(&probe); err != nil {
+	// so the check sizes them at their longest, set for it and cleared.
+	f.ContextID, f.TaskID, f.Epoch = longestContextID, longestTaskID, math.MaxInt64
+	n, err := protocol.EncodedLen(f)
+	f.ContextID, f.TaskID, f.Epoch = "", "", 0
+	if err != nil {
 		return nil, cheetah.Invalidf("command: %v", err)
-	} else if n > r.cfg.MaxMessageBytes {
+	}
+	if n > r.cfg.MaxMessageBytes {
 		return nil, &cheetah.Error{Code: cheetah.CodePayloadTooLarge, Message: fmt.Sprintf("the command frame would exceed %d bytes", r.cfg.MaxMessageBytes)}
 	}
 	return &command{
@@ -400,8 +402,10 @@ func (r *Registry) admitLocked(c *command, h cheetah.Lease, so cheetah.SendOptio
 	c.ctx, c.lease, c.user, c.client = w, l, w.client.pool.userID, w.client.id
 	c.frame.ContextID, c.frame.TaskID, c.frame.Epoch = w.id, l.taskID, l.epoch
 	if len(c.frame.Target) == 0 {
-		// The context's default tab, only when the sender named no target.
-		c.frame.Target, _ = json.Marshal(map[string]string{"tab_id": w.tabID})
+		// The context's default tab, only when the sender named no
+		// target. It needs no check before it is sent (the frame is
+		// marked checked): the registry encoded it itself.
+		c.frame.Target = w.defaultTarget()
 		c.rec.Target = c.frame.Target
 	}
 	c.rec.UserID, c.rec.ClientID, c.rec.ContextID = c.user, c.client, w.id

@@ -107,6 +107,29 @@ func TestExplicitTargetPassesThrough(t *testing.T) {
 	require.Equal(t, `{"tab_id":"99","frame":"f1"}`, string(cmdFrame(t, c, 1).Target))
 }
 
+// The default target follows the context's tab: a report that moves the
+// context to another tab moves the commands sent after it.
+func TestDefaultTargetFollowsTheTab(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ctx := context.Background()
+	_, err := e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"tab_id":"tab-w1"}`, string(cmdFrame(t, c, 1).Target))
+
+	moved := worker("w1")
+	moved.TabID = "7"
+	e.reg.Report(c.att, []protocol.ContextReport{moved})
+	_, err = e.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"tab_id":"7"}`, string(cmdFrame(t, c, 2).Target))
+	rec, err := e.reg.ReadCommand(ctx, user, cmdFrame(t, c, 2).CommandID)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"tab_id":"7"}`, string(rec.Target), "what history keeps is what was sent")
+}
+
 func TestFailedTimeoutAndLate(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

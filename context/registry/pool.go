@@ -1,10 +1,11 @@
 package registry
 
 import (
-	"github.com/jonboulle/clockwork"
-
 	"container/list"
+	"encoding/json"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 )
@@ -64,12 +65,17 @@ type wctx struct {
 	client *client
 	id     string
 	tabID  string
-	owner  cheetah.Owner
-	url    string
-	title  string
-	labels map[string]string
-	live   bool
-	lease  *lease
+	// tabTarget is the target of its commands that name none,
+	// {"tab_id": tabID}, made once for the tab id in tabTargetOf (see
+	// defaultTarget).
+	tabTarget   json.RawMessage
+	tabTargetOf string
+	owner       cheetah.Owner
+	url         string
+	title       string
+	labels      map[string]string
+	live        bool
+	lease       *lease
 	// idleOn is the idle list w is on (nil when not idle), and idlePrev,
 	// idleNext its neighbours there.
 	idleOn             *idleList
@@ -248,4 +254,16 @@ func (l *idleList) remove(w *wctx) {
 		l.tail = w.idlePrev
 	}
 	w.idleOn, w.idlePrev, w.idleNext = nil, nil, nil
+}
+
+// defaultTarget is the target of w's commands that name none: its tab, as
+// {"tab_id": …}. It is made once per tab id and shared by those commands,
+// which only read it; r.mu is held.
+func (w *wctx) defaultTarget() json.RawMessage {
+	if w.tabTarget == nil || w.tabTargetOf != w.tabID {
+		// A map of strings always encodes, as a JSON object.
+		w.tabTarget, _ = json.Marshal(map[string]string{"tab_id": w.tabID})
+		w.tabTargetOf = w.tabID
+	}
+	return w.tabTarget
 }
