@@ -32,6 +32,9 @@ const MARK_COLOR = '#c0392b';
 const CONFIG_KEYS = ['brokerUrl', 'clientKey', 'poolSize', 'extraTabs', 'clientId', 'name', 'labels', 'allowEvaluate'];
 
 const log = (...a) => console.info('[cheetah]', ...a);
+// BOOT and st.snapshots number the status snapshots (see newerStatus in
+// lib/view.js): when this run of the worker began, and how many it took.
+const BOOT = Date.now();
 
 const st = {
   config: null, // storage.local settings
@@ -45,6 +48,7 @@ const st = {
   lastReport: null,
   reportTimer: null,
   statusTimer: null,
+  snapshots: 0, // status snapshots taken (statusSnapshot)
 };
 
 const poolLock = new Mutex();
@@ -567,6 +571,8 @@ function statusSnapshot() {
   const s = conn.status;
   const c = st.config ?? {};
   return {
+    boot: BOOT,
+    seq: ++st.snapshots,
     state: s.state,
     detail: s.detail ?? '',
     since: s.since,

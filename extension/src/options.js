@@ -6,12 +6,17 @@
 import { checkPoolSize } from './lib/pool.js';
 import { cleartextWarning, formatLabels, normalizeBrokerURL, parseLabels } from './lib/protocol.js';
 import { probeBroker } from './lib/probe.js';
-import { describeState } from './lib/view.js';
+import { describeState, newerStatus } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
 let lastFailed = null; // the URL whose check failed on the last save
 
+// shown is the status the page shows (see newerStatus).
+let shown = null;
+
 function show(status) {
+  if (!newerStatus(shown, status)) return;
+  shown = status;
   const d = describeState(status, Date.now(), { onOptions: true });
   $('state').textContent = d.label;
   $('state').className = `pill ${d.cls}`;

@@ -3,7 +3,7 @@
 // messages the worker once so that a stopped worker starts (and connects).
 
 import { holdLabel } from './lib/holds.js';
-import { canReconnect, describeState, workerRows } from './lib/view.js';
+import { canReconnect, describeState, newerStatus, workerRows } from './lib/view.js';
 
 const $ = (id) => document.getElementById(id);
 let status = null;
@@ -72,12 +72,18 @@ function renderControl(cell, r) {
   b.addEventListener('click', () => control(b.dataset.action, r.tab));
 }
 
+/** accept shows s, unless the popup shows a newer status already. */
+function accept(s) {
+  if (!newerStatus(status, s)) return;
+  status = s;
+  render();
+}
+
 async function control(action, tab) {
   const minutes = Number($('hold-minutes').value) || 5;
   const fresh = await chrome.runtime.sendMessage({ type: action, tab_id: tab, minutes });
   if (fresh && !fresh.error) {
-    status = fresh;
-    render();
+    accept(fresh);
   } else if (fresh?.error) {
     $('detail').textContent = fresh.error;
   }
@@ -85,31 +91,22 @@ async function control(action, tab) {
 
 async function load() {
   const { status: s } = await chrome.storage.session.get('status');
-  if (s) status = s;
-  render();
+  if (s) accept(s);
+  else render();
   try {
     const fresh = await chrome.runtime.sendMessage({ type: 'status' });
-    if (fresh && !fresh.error) {
-      status = fresh;
-      render();
-    }
+    if (fresh && !fresh.error) accept(fresh);
   } catch {
     // the worker is starting; its status arrives through storage
   }
 }
 
 chrome.storage.session.onChanged.addListener((changes) => {
-  if (changes.status?.newValue) {
-    status = changes.status.newValue;
-    render();
-  }
+  if (changes.status?.newValue) accept(changes.status.newValue);
 });
 $('reconnect').addEventListener('click', async () => {
   const fresh = await chrome.runtime.sendMessage({ type: 'reconnect' });
-  if (fresh && !fresh.error) {
-    status = fresh;
-    render();
-  }
+  if (fresh && !fresh.error) accept(fresh);
 });
 $('options').addEventListener('click', () => chrome.runtime.openOptionsPage());
 // The "next attempt in" countdown.

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { canReconnect, describeState, workerRows } from '../src/lib/view.js';
+import { canReconnect, describeState, newerStatus, workerRows } from '../src/lib/view.js';
 
 test('the popup names each state', () => {
   assert.equal(describeState(null).label, 'Starting');
@@ -42,4 +42,16 @@ test('worker rows show a person\'s hold, only while connected', () => {
   const w = [{ tab_id: '1', url: '', title: '', task_id: 'job', epoch: 3, held: { state: 'active', until: 1 } }];
   assert.deepEqual(workerRows({ state: 'connected', workers: w })[0].held, { state: 'active', until: 1 });
   assert.equal(workerRows({ state: 'waiting', workers: w })[0].held, null);
+});
+
+test('a page keeps the newest status whichever way it came', () => {
+  const held = { boot: 100, seq: 7, workers: [{ tab_id: '1', held: { state: 'active' } }] };
+  const givenBack = { boot: 100, seq: 8, workers: [{ tab_id: '1', held: null }] };
+  assert.equal(newerStatus(null, held), true, 'the first status is taken');
+  assert.equal(newerStatus(held, givenBack), true);
+  assert.equal(newerStatus(givenBack, held), false, 'an answer taken before the last publish is older news');
+  assert.equal(newerStatus(givenBack, givenBack), true, 'the same snapshot again is shown again');
+  assert.equal(newerStatus(givenBack, { boot: 200, seq: 1 }), true, 'a worker started since numbers afresh');
+  assert.equal(newerStatus({ boot: 200, seq: 1 }, givenBack), false, 'and what its predecessor said is older');
+  assert.equal(newerStatus({ state: 'connected' }, givenBack), true, 'a status without numbers orders nothing');
 });

@@ -48,3 +48,18 @@ export function workerRows(s) {
 export function canReconnect(s) {
   return Boolean(s?.configured) && s.state !== 'connected' && s.state !== 'connecting';
 }
+
+/**
+ * newerStatus reports whether status snapshot next is at least as new as
+ * current, the one a page shows. A page gets snapshots by two paths, the
+ * answer to its message and storage.session, and they can arrive out of
+ * order: the answer to Give back, taken before the broker confirmed, after
+ * the snapshot published once it did. Kept, the older one would show the
+ * tab held until the next change. The worker numbers its snapshots (seq)
+ * within one run of it (boot, when that run began).
+ */
+export function newerStatus(current, next) {
+  if (!current || current.boot == null || next?.boot == null) return true;
+  if (next.boot !== current.boot) return next.boot > current.boot;
+  return next.seq >= current.seq;
+}
