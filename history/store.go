@@ -133,6 +133,11 @@ type Store struct {
 	// room of the last (see writePlan.plan), which the batch size bounds;
 	// only the writer goroutine touches it.
 	plan writePlan
+	// The PostgreSQL writer's flights (see dispatch): those in the air,
+	// in the order they took off, and those on the ground; a flight lands
+	// on landed. Only the writer goroutine touches flying and idle.
+	flying, idle []*flight
+	landed       chan *flight
 	// checkpoints runs SQLite's checkpoints beside the writer; nil on
 	// PostgreSQL.
 	checkpoints *checkpointer
@@ -176,9 +181,15 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		// commit is in flight; beyond that WriteAsync blocks (backpressure).
 		queue:   make(chan request, 4*cfg.BatchSize),
 		stopped: make(chan struct{}),
+		landed:  make(chan *flight, maxFlights),
 		wake:    make(chan struct{}, 1),
 		maxHeld: cfg.MaxHeldBytes,
 		unlock:  unlock,
+	}
+	if dialect == DialectPostgres {
+		for range maxFlights {
+			s.idle = append(s.idle, new(flight))
+		}
 	}
 	if err := s.inst.init(cfg.MeterProvider, &s.stats); err != nil {
 		_ = sqlDB.Close()

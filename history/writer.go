@@ -91,6 +91,9 @@ type Stats struct {
 	Batches int64 // transactions committed
 	Ops     int64 // ops committed
 	Retries int64 // batches that failed and were retried one request at a time
+	// Overlapped counts the batches that took off while another was in
+	// flight (PostgreSQL; see dispatch).
+	Overlapped int64
 	// Held is how many ops of WriteAsync calls wait for the database to
 	// answer again; Recovered counts the held ops written since, and
 	// Dropped those lost: beyond MaxHeldBytes, refused by the database
@@ -100,7 +103,7 @@ type Stats struct {
 	Checkpoints int64
 }
 
-type stats struct{ batches, ops, retries, held, recovered, dropped atomic.Int64 }
+type stats struct{ batches, ops, retries, overlapped, held, recovered, dropped atomic.Int64 }
 
 // writerInstruments are the writer's OpenTelemetry metrics: how long each
 // transaction took and how many ops it held, by outcome (ok or error).
@@ -166,7 +169,7 @@ func (w *writerInstruments) record(d time.Duration, ops int, err error) {
 
 // Stats returns the writer's counters since Open.
 func (s *Store) Stats() Stats {
-	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load(),
+	return Stats{Batches: s.stats.batches.Load(), Ops: s.stats.ops.Load(), Retries: s.stats.retries.Load(), Overlapped: s.stats.overlapped.Load(),
 		Held: s.stats.held.Load(), Recovered: s.stats.recovered.Load(), Dropped: s.stats.dropped.Load(),
 		Checkpoints: s.checkpoints.count()}
 }
@@ -232,8 +235,11 @@ func unavailable(err error) bool {
 
 // Write enqueues ops and waits until the transaction holding them has
 // committed or failed. The ops commit together or not at all, and after
-// everything enqueued before them, so Write with no ops waits for all
-// earlier writes. ctx bounds only the wait: once enqueued, the ops are
+// every earlier write of the same commands; Write with no ops, and any
+// write of lease rows, after every earlier write. (On PostgreSQL the
+// writes of other commands may commit beside them, in either order: see
+// dispatch.) Write returns only once every write enqueued before it has
+// committed or failed. ctx bounds only the wait: once enqueued, the ops are
 // written even if ctx ends first.
 func (s *Store) Write(ctx context.Context, ops ...Op) error {
 	if err := validate(ops); err != nil {
@@ -350,15 +356,23 @@ func (s *Store) run() {
 			probe = time.After(backoff)
 			backoff = min(2*backoff, probeMax)
 		}
+		queue := s.queue
+		if len(s.flying) == maxFlights {
+			queue = nil // every flight is in the air: let the next batch grow
+		}
 		select {
-		case first, ok := <-s.queue:
+		case first, ok := <-queue:
 			if !ok {
+				s.landAll()
 				s.closeHeld()
 				return
 			}
-			s.commit(s.fill(first))
+			s.dispatch(s.fill(first))
+		case f := <-s.landed:
+			s.land(f)
 		case <-probe:
 			probe = nil
+			s.landAll()
 			s.probe()
 		case <-s.wake:
 		}
@@ -390,7 +404,7 @@ func (s *Store) commit(batch []request) {
 	n := 0
 	if err == nil {
 		seen := s.marks.Load()
-		n, err = s.applyGroup(batch, s.finish)
+		n, err = s.applyGroup(&s.plan, batch, s.finish)
 		s.noteHealth(err, seen)
 	}
 	// Health says so before these callers hear store_unavailable.
@@ -405,12 +419,12 @@ func (s *Store) commit(batch []request) {
 // request. each hears how every request went, in order, until the database
 // is found not to answer: then applyGroup returns that error and how many
 // requests each heard of; the rest are the caller's.
-func (s *Store) applyGroup(reqs []request, each func(request, error)) (int, error) {
+func (s *Store) applyGroup(p *writePlan, reqs []request, each func(request, error)) (int, error) {
 	var ops []Op
 	for _, r := range reqs {
 		ops = append(ops, r.ops...)
 	}
-	err := s.apply(ops)
+	err := s.apply(p, ops)
 	if unavailable(err) {
 		return 0, err
 	}
@@ -424,7 +438,7 @@ func (s *Store) applyGroup(reqs []request, each func(request, error)) (int, erro
 	s.log.Warn("history: group commit failed, retrying its requests one by one",
 		"requests", len(reqs), "ops", len(ops), "error", err)
 	for i, r := range reqs {
-		err := s.apply(r.ops)
+		err := s.apply(p, r.ops)
 		if unavailable(err) {
 			return i, err
 		}
@@ -494,7 +508,7 @@ func (s *Store) drainHeld() error {
 		for i, h := range s.held[:n] {
 			chunk[i] = request{ops: h.ops}
 		}
-		done, err := s.applyGroup(chunk, func(r request, err error) {
+		done, err := s.applyGroup(&s.plan, chunk, func(r request, err error) {
 			if err != nil {
 				s.log.Warn("history: a write held through an outage was refused; dropping it", "ops", len(r.ops), "error", err)
 				s.stats.dropped.Add(int64(len(r.ops)))
@@ -588,12 +602,11 @@ func opsBytes(ops []Op) int {
 // changes keep their order (the first terminal wins), and messages keep
 // their order (their seq). Each dialect has its own write path
 // (applyPostgres, applySQLite); gorm is not on it.
-func (s *Store) apply(ops []Op) (err error) {
+func (s *Store) apply(p *writePlan, ops []Op) (err error) {
 	start := time.Now()
 	defer func() { s.inst.record(time.Since(start), len(ops), err) }()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	p := &s.plan
 	p.plan(ops)
 	defer p.reset()
 	if s.dialect == DialectPostgres {
@@ -617,16 +630,19 @@ func (s *Store) apply(ops []Op) (err error) {
 
 // noteCommitTime adds one committed transaction's duration to the moving
 // average CommitTime reports, weighing it an eighth: a load that changes
-// shows within a few dozen commits, one slow commit barely. Only the writer
-// goroutine writes it.
+// shows within a few dozen commits, one slow commit barely. Flights in the
+// air note theirs at once.
 func (s *Store) noteCommitTime(d time.Duration) {
-	avg := s.commitTime.Load()
-	if avg == 0 {
-		avg = int64(d)
-	} else {
-		avg += (int64(d) - avg) / 8
+	for {
+		old := s.commitTime.Load()
+		avg := int64(d)
+		if old != 0 {
+			avg = old + (int64(d)-old)/8
+		}
+		if s.commitTime.CompareAndSwap(old, avg) {
+			return
+		}
 	}
-	s.commitTime.Store(avg)
 }
 
 // CommitTime is how long the writer's recent transactions took to commit, a
