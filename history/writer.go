@@ -342,6 +342,8 @@ const (
 // run is the writer goroutine. It takes whatever is queued, up to the batch
 // size, commits it in one transaction, and repeats: while one commit is in
 // flight the next batch accumulates, which is what makes group commit pay.
+// On PostgreSQL two batches may be in flight at once (see dispatch); the
+// next accumulates while both are.
 // While the database does not answer it also probes it on a backoff, writing
 // what is held, so that the store recovers without any caller's write. It
 // returns when Close has closed the queue and everything queued is written.
