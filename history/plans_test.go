@@ -78,3 +78,54 @@ func TestPostgresStatusChangesFindRowsByKeyAsHistoryGrows(t *testing.T) {
 	// One sequential scan of the grown table alone would read 3,000 rows.
 	require.Less(t, seqRead, int64(grown), "rows of commands read by sequential scans")
 }
+
+// Retention finds the old commands by a range of the primary key, not by
+// reading the whole table: there is no index on created_at for it.
+func TestPostgresPurgeFindsRowsByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := historytest.NewPostgres(t)
+	db := historytest.DB(t, s)
+
+	const recent, old = 3000, 10
+	now := time.Now()
+	for batch := range recent / 500 {
+		ops := make([]history.Op, 500)
+		for i := range ops {
+			ops[i] = history.InsertCommand{Rec: cheetah.CommandRecord{
+				CommandID: historytest.CommandIDAt(now), UserID: "u1", ClientID: "c1", ContextID: "x1",
+				TaskID: fmt.Sprintf("t%d", batch), Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync,
+				Status: cheetah.StatusCompleted, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: now,
+			}}
+		}
+		require.NoError(t, s.Write(ctx, ops...))
+	}
+	ops := make([]history.Op, old)
+	for i := range ops {
+		at := now.Add(-48 * time.Hour)
+		ops[i] = history.InsertCommand{Rec: cheetah.CommandRecord{
+			CommandID: historytest.CommandIDAt(at), UserID: "u1", ClientID: "c1", ContextID: "x1",
+			TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync,
+			Status: cheetah.StatusCompleted, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: at,
+		}}
+	}
+	require.NoError(t, s.Write(ctx, ops...))
+	// As autovacuum would have by now on a table this size.
+	_, err := db.ExecContext(ctx, "ANALYZE commands")
+	require.NoError(t, err)
+	var before int64
+	require.NoError(t, db.QueryRow(`SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'commands'`).Scan(&before))
+
+	n, err := s.PurgeBefore(ctx, now.Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, old, n)
+	// The store's sessions report their counts as they end.
+	require.NoError(t, s.Close())
+
+	var deleted, seqRead int64
+	require.Eventually(t, func() bool {
+		require.NoError(t, db.QueryRow(`SELECT n_tup_del, seq_tup_read FROM pg_stat_user_tables WHERE relname = 'commands'`).Scan(&deleted, &seqRead))
+		return deleted >= old
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Less(t, seqRead-before, int64(recent), "rows of commands read by sequential scans")
+}

@@ -188,14 +188,31 @@ func (s *Store) markInterrupted(db *gorm.DB, at time.Time, op string) (int64, er
 // PurgeBefore deletes the commands created before t that are over, and
 // their messages: history retention. A command is over when it has a
 // terminal status, or when its response mode is none (it never gets one).
+//
+// Command ids are UUIDv7, minted as the command is admitted, so the rows
+// created before t are found by a range of the primary key, below the
+// first id of t's millisecond, with no index on created_at for every
+// command to write. A command whose id's time is not before t's
+// millisecond (one admitted in the same millisecond, or after the wall
+// clock stepped back) waits for a later pass.
 func (s *Store) PurgeBefore(ctx context.Context, t time.Time) (int64, error) {
 	res := s.db.WithContext(ctx).
-		Where("created_at < ? AND (status_rank = 3 OR response_mode = ?)", utc(t), string(cheetah.ModeNone)).
+		Where("command_id < ? AND created_at < ? AND (status_rank = 3 OR response_mode = ?)",
+			firstCommandIDOf(t), utc(t), string(cheetah.ModeNone)).
 		Delete(&commandRow{})
 	if res.Error != nil {
 		return 0, fail("history.PurgeBefore", res.Error)
 	}
 	return res.RowsAffected, nil
+}
+
+// firstCommandIDOf returns the least UUIDv7, in its text form, of t's
+// millisecond: every id minted before that millisecond sorts below it, in
+// text order as in byte order (PostgreSQL compares ids in the "C"
+// collation, SQLite by bytes).
+func firstCommandIDOf(t time.Time) string {
+	ms := uint64(max(t.UnixMilli(), 0)) & (1<<48 - 1)
+	return fmt.Sprintf("%08x-%04x-7000-8000-000000000000", ms>>16, ms&0xffff)
 }
 
 // EpochHighWater returns the highest epoch reserved so far, by any broker

@@ -129,8 +129,9 @@ func TestSQLiteWriterKeepsItsConnection(t *testing.T) {
 // as their ids grow. Indexed newest first, each insert went in at the
 // front of its range, where a full leaf is rebalanced with its siblings
 // and their parent: 7.3 WAL frames (pages) per command below, against 6.2
-// in id order. The list still reads those indexes, backwards, without
-// sorting.
+// in id order, both with an index on created_at as well; 4.9 without that
+// one (migration 00008). The list still reads those indexes, backwards,
+// without sorting.
 func TestSQLiteCommandsAppendToTheirIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -162,7 +163,7 @@ func TestSQLiteCommandsAppendToTheirIndexes(t *testing.T) {
 	}
 	perCommand := float64(frames()-before) / n
 	t.Logf("WAL frames per command: %.2f", perCommand)
-	require.Less(t, perCommand, 6.75)
+	require.Less(t, perCommand, 5.5)
 
 	for _, q := range []string{
 		"SELECT command_id FROM commands WHERE user_id = 'u' ORDER BY command_id DESC LIMIT 51",

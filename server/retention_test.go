@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/server"
 )
 
@@ -45,7 +45,7 @@ func (h retentionLog) next(t *testing.T) slog.Record {
 
 func finished(t *testing.T, b *server.Broker, created time.Time) cheetah.CommandRecord {
 	t.Helper()
-	rec := cheetah.CommandRecord{CommandID: uuid.Must(uuid.NewV7()).String(), UserID: user, ClientID: "c", ContextID: "x",
+	rec := cheetah.CommandRecord{CommandID: historytest.CommandIDAt(created), UserID: user, ClientID: "c", ContextID: "x",
 		TaskID: "t", Epoch: 1, Name: "echo", ResponseMode: cheetah.ModeAsync, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 		Status: cheetah.StatusCompleted, CreatedAt: created, FinishedAt: &created}
 	require.NoError(t, b.Store.Write(t.Context(), history.InsertCommand{Rec: rec}))

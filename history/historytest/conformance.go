@@ -86,6 +86,17 @@ func newCommand(userID, taskID string) cheetah.CommandRecord {
 	}
 }
 
+// CommandIDAt returns a new command id, a UUIDv7 whose time is at's
+// millisecond: the id the broker would have minted at that time.
+func CommandIDAt(at time.Time) string {
+	id := uuid.Must(uuid.NewV7())
+	ms := uint64(at.UnixMilli())
+	for i := range 6 {
+		id[i] = byte(ms >> (40 - 8*i))
+	}
+	return id.String()
+}
+
 func insert(t *testing.T, ctx context.Context, s *history.Store, recs ...cheetah.CommandRecord) {
 	t.Helper()
 	ops := make([]history.Op, 0, len(recs))
@@ -647,16 +658,32 @@ func testPurge(t *testing.T, ctx context.Context, s *history.Store) {
 	old := func(st cheetah.Status, mode cheetah.ResponseMode) cheetah.CommandRecord {
 		r := newCommand("usr_1111", "task-1")
 		r.CreatedAt = cutoff.Add(-2 * time.Hour)
+		r.CommandID = CommandIDAt(r.CreatedAt)
 		r.Status, r.ResponseMode = st, mode
 		return r
 	}
 	oldDone := old(cheetah.StatusCompleted, cheetah.ModeRPC)
 	oldNone := old(cheetah.StatusDispatched, cheetah.ModeNone)
+	oldNone.CreatedAt = cutoff.Add(-time.Millisecond) // the millisecond before the cutoff's
+	oldNone.CommandID = CommandIDAt(oldNone.CreatedAt)
 	oldInflight := old(cheetah.StatusDispatched, cheetah.ModeRPC)
 	newDone := newCommand("usr_1111", "task-1")
 	newDone.CreatedAt = cutoff.Add(time.Minute)
+	newDone.CommandID = CommandIDAt(newDone.CreatedAt)
 	newDone.Status = cheetah.StatusCompleted
-	insert(t, ctx, s, oldDone, oldNone, oldInflight, newDone)
+	// Found by its id's time, which is not before the cutoff's
+	// millisecond: left for a later pass, though created before it.
+	sameMilli := newCommand("usr_1111", "task-1")
+	sameMilli.CreatedAt = cutoff.Add(-time.Hour)
+	sameMilli.CommandID = CommandIDAt(cutoff)
+	sameMilli.Status = cheetah.StatusCompleted
+	// And by its created_at: an id minted before the clock stepped forward
+	// says nothing of when the command was admitted.
+	oldID := newCommand("usr_1111", "task-1")
+	oldID.CreatedAt = cutoff.Add(time.Hour)
+	oldID.CommandID = CommandIDAt(cutoff.Add(-time.Hour))
+	oldID.Status = cheetah.StatusCompleted
+	insert(t, ctx, s, oldDone, oldNone, oldInflight, newDone, sameMilli, oldID)
 	require.NoError(t, s.Write(ctx, progress(oldDone.CommandID, 0), progress(oldDone.CommandID, 1), progress(newDone.CommandID, 0)))
 
 	n, err := s.PurgeBefore(ctx, cutoff)
@@ -666,7 +693,9 @@ func testPurge(t *testing.T, ctx context.Context, s *history.Store) {
 		_, err := s.Get(ctx, r.UserID, r.CommandID)
 		require.ErrorIs(t, err, cheetah.ErrNotFound)
 	}
-	get(t, ctx, s, oldInflight)
+	for _, r := range []cheetah.CommandRecord{oldInflight, sameMilli, oldID} {
+		get(t, ctx, s, r)
+	}
 	require.Len(t, get(t, ctx, s, newDone).Messages, 1)
 
 	var left int
