@@ -88,7 +88,7 @@ func opKey(op Op) string {
 // dispatch writes batch: in a flight of its own where it can, else alone
 // once every flight has landed.
 func (s *Store) dispatch(batch []request) {
-	if s.dialect != DialectPostgres || s.down.Load() != nil || len(s.held) > 0 || ordered(batch) {
+	if s.dialect != DialectPostgres || ordered(batch) {
 		s.landAll()
 		s.commit(batch)
 		return
@@ -98,6 +98,14 @@ func (s *Store) dispatch(batch []request) {
 			s.landAll()
 			break
 		}
+	}
+	// Asked after landing: a flight that failed has held its writes, and
+	// a batch that shares a command with them goes after them (commit
+	// drains them first), never beside them.
+	if s.down.Load() != nil || len(s.held) > 0 {
+		s.landAll()
+		s.commit(batch)
+		return
 	}
 	if len(s.flying) > 0 {
 		s.stats.overlapped.Add(1)

@@ -146,3 +146,33 @@ func TestPostgresOrderedWritesWaitForFlights(t *testing.T) {
 	require.Len(t, order, 3)
 	require.Equal(t, "held batch heard", order[0], "order: %v", order)
 }
+
+// TestPostgresFailedFlightKeepsItsPlace: a batch in flight that fails
+// because the database did not answer is held, and a later write of the
+// same command, which waited for it to land, goes after it once it is
+// written, never beside it: the command's messages keep their order.
+func TestPostgresFailedFlightKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	f := setupFlight(t)
+	ctx := t.Context()
+
+	second := make(chan error, 1)
+	f.s.WriteAsync(func(err error) { second <- err }, message(f.x, "second"))
+	// The held batch's session goes away: its batch fails and is held.
+	_, err := f.db.ExecContext(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+		WHERE a.datname = current_database() AND l.locktype = 'transactionid' AND NOT l.granted`)
+	require.NoError(t, err)
+	require.ErrorIs(t, <-f.first, cheetah.ErrStoreUnavailable)
+	f.release()
+	require.NoError(t, <-second)
+
+	require.Eventually(t, func() bool { return f.s.Stats().Held == 0 && f.s.Health() == nil }, 10*time.Second, 10*time.Millisecond)
+	rec, err := f.s.Get(ctx, "usr_1111", f.x)
+	require.NoError(t, err)
+	require.Equal(t, cheetah.StatusDispatched, rec.Status)
+	require.Len(t, rec.Messages, 2)
+	for i, want := range []string{`"first"`, `"second"`} {
+		require.Equal(t, int64(i+1), rec.Messages[i].Seq)
+		require.JSONEq(t, want, string(rec.Messages[i].Data), "message %d", i+1)
+	}
+}
