@@ -45,20 +45,27 @@ FROM %s AS v(command_id, status, rank, dispatched_at, acked_at, finished_at, err
 WHERE c.command_id = v.command_id AND c.status_rank < v.rank`,
 		"text", "text", "int2", "timestamptz", "timestamptz", "timestamptz", "int2", "text", "text", "text")
 
-	// Messages are numbered as appendMessages always has: after the
+	// The messages of commands the batch inserts, whose seq is known
+	// (writePlan.splitMessages): no look-up of a last seq.
+	pgInsertMessages = newPGRows("history.AppendMessage", `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
+SELECT * FROM %s AS v`, pgMessageTypes...)
+
+	// Other messages are numbered as appendMessages always has: after the
 	// command's last stored seq, in enqueue order (ord). The statement does
 	// not see its own rows, so MAX is the one before the batch.
 	pgAppendMessages = newPGRows("history.AppendMessage", `INSERT INTO messages (command_id, seq, kind, name, data, code, message, mime, blob, late, at)
 SELECT v.command_id, COALESCE((SELECT MAX(m.seq) FROM messages AS m WHERE m.command_id = v.command_id), 0) + v.ord,
 	v.kind, v.name, v.data, v.code, v.message, v.mime, v.blob, v.late, v.at
-FROM %s AS v(command_id, ord, kind, name, data, code, message, mime, blob, late, at)`,
-		"text", "int8", "text", "text", "text", "text", "text", "text", "bytea", "bool", "timestamptz")
+FROM %s AS v(command_id, ord, kind, name, data, code, message, mime, blob, late, at)`, pgMessageTypes...)
 
 	pgSetDeliveries = newPGRows("history.SetDelivery", `UPDATE commands AS c SET
 	delivery_attempts = v.attempts, delivered = v.delivered, delivery_last_error = v.last_error, delivery_next_at = v.next_at
 FROM %s AS v(command_id, attempts, delivered, last_error, next_at)
 WHERE c.command_id = v.command_id`, "text", "int4", "bool", "text", "timestamptz")
 )
+
+// pgMessageTypes are the types of a message's values (messageRow.values).
+var pgMessageTypes = []string{"text", "int8", "text", "text", "text", "text", "text", "text", "bytea", "bool", "timestamptz"}
 
 // pgKeyedPlans sets how the batch's statements are planned, for its own
 // transaction only. Every row they touch is found by its key, so:
@@ -224,7 +231,10 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int) []any { return commandValues(&p.cmds[i]) })
 	}
 	pgSetStatuses.queue(&b, &names, len(p.statuses), func(i int) []any { return p.statuses[i].values() })
-	pgAppendMessages.queue(&b, &names, len(p.msgs), func(i int) []any { return p.msgs[i].values(p.msgs[i].Seq) })
+	p.splitMessages()
+	fresh, stored := p.freshMsgs, p.storedMsgs
+	pgInsertMessages.queue(&b, &names, len(fresh), func(i int) []any { return fresh[i].values(fresh[i].Seq) })
+	pgAppendMessages.queue(&b, &names, len(stored), func(i int) []any { return stored[i].values(stored[i].Seq) })
 	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int) []any { return deliveryValues(&p.deliveries[i]) })
 	queueLeases(&b, &names, p.leases)
 	if len(names) == plans {

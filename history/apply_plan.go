@@ -18,6 +18,10 @@ type writePlan struct {
 	leaseAt    map[[32]byte]int
 	insertedAt map[string]int // see inserted
 
+	// msgs split by splitMessages: those of commands this batch inserts,
+	// and the others.
+	freshMsgs, storedMsgs []*messageRow
+
 	// What plan keeps track of while it folds a batch's ops, by command id.
 	statusAt, deliveryAt map[string]int
 	msgCount             map[string]int64
@@ -144,6 +148,9 @@ func (p *writePlan) reset() {
 	clear(p.msgs)
 	clear(p.deliveries)
 	clear(p.leases)
+	clear(p.freshMsgs)
+	clear(p.storedMsgs)
+	p.freshMsgs, p.storedMsgs = p.freshMsgs[:0], p.storedMsgs[:0]
 	p.cmds, p.statuses, p.msgs, p.deliveries, p.leases = p.cmds[:0], p.statuses[:0], p.msgs[:0], p.deliveries[:0], p.leases[:0]
 	clear(p.leaseAt)
 	clear(p.insertedAt)
@@ -168,6 +175,22 @@ func (p *writePlan) inserted(id string) (int, bool) {
 	}
 	i, ok := p.insertedAt[id]
 	return i, ok
+}
+
+// splitMessages sorts p.msgs, in order, into p.freshMsgs, the messages of
+// commands this batch inserts, and p.storedMsgs, the others. A fresh
+// message's Seq, its place among its command's messages in the batch, is
+// its seq: the command has no other, or its insert, and the batch, fail.
+// Only a stored message needs its command's last stored seq read.
+func (p *writePlan) splitMessages() {
+	p.freshMsgs, p.storedMsgs = p.freshMsgs[:0], p.storedMsgs[:0]
+	for i := range p.msgs {
+		if r := &p.msgs[i]; p.isInserted(r.CommandID) {
+			p.freshMsgs = append(p.freshMsgs, r)
+		} else {
+			p.storedMsgs = append(p.storedMsgs, r)
+		}
+	}
 }
 
 func (p *writePlan) isInserted(id string) bool {

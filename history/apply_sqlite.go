@@ -91,14 +91,8 @@ func (s *Store) applySQLite(ctx context.Context, p *writePlan) (err error) {
 	// The messages of a command this batch inserts are its first: their
 	// places are their seq. The others go after their command's stored
 	// ones (sqliteAppendMessages).
-	var fresh, stored []*messageRow
-	for i := range p.msgs {
-		if r := &p.msgs[i]; p.isInserted(r.CommandID) {
-			fresh = append(fresh, r)
-		} else {
-			stored = append(stored, r)
-		}
-	}
+	p.splitMessages()
+	fresh, stored := p.freshMsgs, p.storedMsgs
 	if err := st.rows("history.AppendMessage", sqliteInsertMessages, sqliteMessageRow, "", len(fresh), func(i, _ int) []any {
 		return sqliteMessageValues(fresh[i], fresh[i].Seq)
 	}); err != nil {

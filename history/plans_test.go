@@ -129,3 +129,63 @@ func TestPostgresPurgeFindsRowsByKey(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond)
 	require.Less(t, seqRead-before, int64(recent), "rows of commands read by sequential scans")
 }
+
+// A message of a command its batch inserts is its command's first, so its
+// seq is known: the writer looks up no last seq for it, on either path
+// (VALUES below eight rows, arrays above). A message for a stored command
+// does look it up, in the index of its command's messages.
+func TestPostgresFreshMessagesLookUpNoSeq(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := historytest.NewPostgres(t)
+	db := historytest.DB(t, s)
+
+	now := time.Now().UTC()
+	fresh := 0
+	lifecycle := func(n int) []history.Op {
+		var ops []history.Op
+		for range n {
+			id := historytest.CommandIDAt(now)
+			ops = append(ops,
+				history.InsertCommand{Rec: cheetah.CommandRecord{
+					CommandID: id, UserID: "u1", ClientID: "c1", ContextID: "x1", TaskID: "t", Epoch: 1, Name: "echo",
+					ResponseMode: cheetah.ModeRPC, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: now,
+				}},
+				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindAck, At: now}},
+				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindResult, At: now}},
+				history.SetStatus{CommandID: id, Status: cheetah.StatusCompleted, At: now},
+			)
+			fresh += 2
+		}
+		return ops
+	}
+	for range 5 {
+		require.NoError(t, s.Write(ctx, lifecycle(1)...))
+	}
+	require.NoError(t, s.Write(ctx, lifecycle(10)...))
+	stored := lifecycle(1)
+	fresh -= 2
+	last := stored[0].(history.InsertCommand).Rec.CommandID
+	require.NoError(t, s.Write(ctx, stored[0]))
+	require.NoError(t, s.Write(ctx, history.AppendMessage{CommandID: last, Msg: cheetah.Message{Kind: cheetah.KindProgress, At: now}}))
+	// The store's sessions report their counts as they end.
+	require.NoError(t, s.Close())
+
+	inserted := int64(fresh + 1)
+	var ins, scans int64
+	require.Eventually(t, func() bool {
+		require.NoError(t, db.QueryRow(`SELECT t.n_tup_ins, i.idx_scan FROM pg_stat_user_tables AS t, pg_stat_user_indexes AS i
+WHERE t.relname = 'messages' AND i.indexrelname = 'messages_pkey'`).Scan(&ins, &scans))
+		return ins >= inserted
+	}, 20*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, inserted, ins)
+	require.Positive(t, scans, "the stored command's message looks up its last seq")
+	require.Less(t, scans, int64(fresh), "look-ups in the index of messages")
+
+	// Numbered all the same: 1 and 2 for each command, 1 for the stored
+	// command's message.
+	var bad int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM messages
+WHERE seq <> CASE kind WHEN 'result' THEN 2 ELSE 1 END`).Scan(&bad))
+	require.Zero(t, bad, "messages out of their seq")
+}
