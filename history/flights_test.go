@@ -26,7 +26,8 @@ type flightSetup struct {
 	s       *history.Store
 	db      *sql.DB
 	x       string
-	first   chan error // the held batch's outcome
+	first   chan error    // the held batch's outcome
+	heard   chan struct{} // closed once the held batch's caller is told, before any later caller
 	release func()
 }
 
@@ -45,8 +46,8 @@ func setupFlight(t *testing.T) *flightSetup {
 	release := func() { once.Do(func() { require.NoError(t, lock.Rollback()) }) }
 	t.Cleanup(release)
 
-	first := make(chan error, 1)
-	s.WriteAsync(func(err error) { first <- err },
+	first, heard := make(chan error, 1), make(chan struct{})
+	s.WriteAsync(func(err error) { first <- err; close(heard) },
 		history.SetStatus{CommandID: x, Status: cheetah.StatusDispatched},
 		message(x, "first"))
 	require.Eventually(t, func() bool {
@@ -55,7 +56,7 @@ func setupFlight(t *testing.T) *flightSetup {
 			WHERE a.datname = current_database() AND l.locktype = 'transactionid' AND NOT l.granted`).Scan(&waiting)
 		return err == nil && waiting == 1
 	}, 10*time.Second, 5*time.Millisecond, "the batch did not reach the locked row")
-	return &flightSetup{s: s, db: db, x: x, first: first, release: release}
+	return &flightSetup{s: s, db: db, x: x, first: first, heard: heard, release: release}
 }
 
 func insertCommand(t *testing.T, s *history.Store) string {
@@ -114,12 +115,20 @@ func TestPostgresOrderedWritesWaitForFlights(t *testing.T) {
 	f := setupFlight(t)
 	ctx := t.Context()
 
+	// Each notes, as its Write returns, whether the held batch's caller
+	// had been told by then.
 	var mu sync.Mutex
-	var order []string
+	returned := map[string]bool{}
 	note := func(what string) {
+		told := false
+		select {
+		case <-f.heard:
+			told = true
+		default:
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		order = append(order, what)
+		returned[what] = told
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -137,14 +146,13 @@ func TestPostgresOrderedWritesWaitForFlights(t *testing.T) {
 	require.Never(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(order) > 0
+		return len(returned) > 0
 	}, 300*time.Millisecond, 10*time.Millisecond, "an ordered write overtook the batch in flight")
 	f.release()
 	require.NoError(t, <-f.first)
-	note("held batch heard")
 	wg.Wait()
-	require.Len(t, order, 3)
-	require.Equal(t, "held batch heard", order[0], "order: %v", order)
+	require.Equal(t, map[string]bool{"barrier": true, "lease": true}, returned,
+		"whether the held batch's caller was told before each returned")
 }
 
 // TestPostgresFailedFlightKeepsItsPlace: a batch in flight that fails
