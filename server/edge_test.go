@@ -312,9 +312,17 @@ func TestMetricsHoldNoCallerText(t *testing.T) {
 			b.do(m, path, b.appSecret, nil, nil)
 		}
 	}
-	c := b.dial().read()
-	c.sendRaw([]byte(`{"type":"x\u0000y"}`))
-	c.sendRaw([]byte(`{"type":"hello","type":"ping"}`))
+	// The broker closes a connection over a bad frame: each goes on its
+	// own, and is counted once its connection has ended.
+	for _, frame := range []string{`{"type":"x\u0000y"}`, `{"type":"hello","type":"ping"}`} {
+		c := b.dial().read()
+		c.sendRaw([]byte(frame))
+		select {
+		case <-c.closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the broker kept the connection open after %s", frame)
+		}
+	}
 	s := b.scrape()
 	for name, f := range s {
 		for _, m := range f.Metric {
