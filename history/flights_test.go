@@ -31,6 +31,11 @@ type flightSetup struct {
 	release func()
 }
 
+// waitingOnLock is the sessions of the test's database waiting for a row
+// lock: the held batch's, once it reached the locked row.
+const waitingOnLock = `FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+	WHERE a.datname = current_database() AND l.locktype = 'transactionid' AND NOT l.granted`
+
 func setupFlight(t *testing.T) *flightSetup {
 	t.Helper()
 	ctx := t.Context()
@@ -52,8 +57,7 @@ func setupFlight(t *testing.T) *flightSetup {
 		message(x, "first"))
 	require.Eventually(t, func() bool {
 		var waiting int
-		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-			WHERE a.datname = current_database() AND l.locktype = 'transactionid' AND NOT l.granted`).Scan(&waiting)
+		err := db.QueryRowContext(ctx, "SELECT count(*) "+waitingOnLock).Scan(&waiting)
 		return err == nil && waiting == 1
 	}, 10*time.Second, 5*time.Millisecond, "the batch did not reach the locked row")
 	return &flightSetup{s: s, db: db, x: x, first: first, heard: heard, release: release}
@@ -71,6 +75,20 @@ func insertCommand(t *testing.T, s *history.Store) string {
 
 func message(id, text string) history.AppendMessage {
 	return history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindProgress, Data: json.RawMessage(fmt.Sprintf("%q", text))}}
+}
+
+// requireHeldBatchFirst checks that x holds the held batch's status and
+// message, and then the message "second", numbered in that order.
+func (f *flightSetup) requireHeldBatchFirst(t *testing.T) {
+	t.Helper()
+	rec, err := f.s.Get(t.Context(), "usr_1111", f.x)
+	require.NoError(t, err)
+	require.Equal(t, cheetah.StatusDispatched, rec.Status)
+	require.Len(t, rec.Messages, 2)
+	for i, want := range []string{`"first"`, `"second"`} {
+		require.Equal(t, int64(i+1), rec.Messages[i].Seq)
+		require.JSONEq(t, want, string(rec.Messages[i].Data), "message %d", i+1)
+	}
 }
 
 // TestPostgresFlights: while a batch is in flight, a batch of other
@@ -95,15 +113,8 @@ func TestPostgresFlights(t *testing.T) {
 	require.NoError(t, <-f.first)
 	require.NoError(t, <-second)
 
-	rec, err := f.s.Get(ctx, "usr_1111", f.x)
-	require.NoError(t, err)
-	require.Equal(t, cheetah.StatusDispatched, rec.Status)
-	require.Len(t, rec.Messages, 2)
-	for i, want := range []string{`"first"`, `"second"`} {
-		require.Equal(t, int64(i+1), rec.Messages[i].Seq)
-		require.JSONEq(t, want, string(rec.Messages[i].Data), "message %d", i+1)
-	}
-	_, err = f.s.Get(ctx, "usr_1111", y)
+	f.requireHeldBatchFirst(t)
+	_, err := f.s.Get(ctx, "usr_1111", y)
 	require.NoError(t, err)
 }
 
@@ -167,20 +178,12 @@ func TestPostgresFailedFlightKeepsItsPlace(t *testing.T) {
 	second := make(chan error, 1)
 	f.s.WriteAsync(func(err error) { second <- err }, message(f.x, "second"))
 	// The held batch's session goes away: its batch fails and is held.
-	_, err := f.db.ExecContext(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-		WHERE a.datname = current_database() AND l.locktype = 'transactionid' AND NOT l.granted`)
+	_, err := f.db.ExecContext(ctx, "SELECT pg_terminate_backend(l.pid) "+waitingOnLock)
 	require.NoError(t, err)
 	require.ErrorIs(t, <-f.first, cheetah.ErrStoreUnavailable)
 	f.release()
 	require.NoError(t, <-second)
 
 	require.Eventually(t, func() bool { return f.s.Stats().Held == 0 && f.s.Health() == nil }, 10*time.Second, 10*time.Millisecond)
-	rec, err := f.s.Get(ctx, "usr_1111", f.x)
-	require.NoError(t, err)
-	require.Equal(t, cheetah.StatusDispatched, rec.Status)
-	require.Len(t, rec.Messages, 2)
-	for i, want := range []string{`"first"`, `"second"`} {
-		require.Equal(t, int64(i+1), rec.Messages[i].Seq)
-		require.JSONEq(t, want, string(rec.Messages[i].Data), "message %d", i+1)
-	}
+	f.requireHeldBatchFirst(t)
 }
