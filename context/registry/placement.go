@@ -15,6 +15,10 @@ type placement struct {
 	// nothing for them.
 	charges []int
 	govBuf  [4]int
+	// held are the scopes each of charges counted the lease in, while it
+	// is charged (charge); in heldBuf while they fit.
+	held    []heldSlots
+	heldBuf [4]heldSlots
 	tenant  string
 	// reqLabels are the labels the acquire requested: a reload matches
 	// the live leases against the new quotas with them.

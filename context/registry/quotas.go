@@ -33,9 +33,17 @@ type quotaState struct {
 // entry is deleted when it drops to zero, so the maps hold only holders.
 type quotaUse struct {
 	global  int
-	tenants map[string]int
-	users   map[userScope]int
+	tenants map[string]*scopeCount
+	users   map[userScope]*scopeCount
 }
+
+// scopeCount is one scope's slots in use. A charged lease keeps a pointer
+// to each of its scopes' (heldSlots), so that its end gives its slots back
+// without looking them up: the acquire path's map work under the lock.
+type scopeCount struct{ n int }
+
+// heldSlots are the scopes one quota charges a lease to.
+type heldSlots struct{ tenant, user *scopeCount }
 
 // userScope is the user level's scope: a user within a tenant.
 type userScope struct{ tenant, user string }
@@ -43,33 +51,55 @@ type userScope struct{ tenant, user string }
 func newQuotaUses(n int) []quotaUse {
 	u := make([]quotaUse, n)
 	for i := range u {
-		u[i] = quotaUse{tenants: map[string]int{}, users: map[userScope]int{}}
+		u[i] = quotaUse{tenants: map[string]*scopeCount{}, users: map[userScope]*scopeCount{}}
 	}
 	return u
 }
 
 func (u *quotaUse) used(level quota.Level, tenant, user string) int {
+	var c *scopeCount
 	switch level {
 	case quota.Global:
 		return u.global
 	case quota.Tenant:
-		return u.tenants[tenant]
+		c = u.tenants[tenant]
+	default:
+		c = u.users[userScope{tenant, user}]
 	}
-	return u.users[userScope{tenant, user}]
+	if c == nil {
+		return 0
+	}
+	return c.n
 }
 
-func (u *quotaUse) add(tenant, user string, d int) {
-	u.global += d
-	if n := u.tenants[tenant] + d; n > 0 {
-		u.tenants[tenant] = n
-	} else {
-		delete(u.tenants, tenant)
+// take counts one slot in every scope of tenant and user, and returns the
+// scopes' counts.
+func (u *quotaUse) take(tenant, user string) heldSlots {
+	u.global++
+	t := u.tenants[tenant]
+	if t == nil {
+		t = &scopeCount{}
+		u.tenants[tenant] = t
 	}
 	us := userScope{tenant, user}
-	if n := u.users[us] + d; n > 0 {
-		u.users[us] = n
-	} else {
-		delete(u.users, us)
+	c := u.users[us]
+	if c == nil {
+		c = &scopeCount{}
+		u.users[us] = c
+	}
+	t.n++
+	c.n++
+	return heldSlots{tenant: t, user: c}
+}
+
+// give gives back the slot take counted in h, for tenant and user.
+func (u *quotaUse) give(tenant, user string, h heldSlots) {
+	u.global--
+	if h.tenant.n--; h.tenant.n == 0 {
+		delete(u.tenants, tenant)
+	}
+	if h.user.n--; h.user.n == 0 {
+		delete(u.users, userScope{tenant, user})
 	}
 }
 
@@ -173,8 +203,9 @@ func (r *Registry) quotaAdmit(l *lease, req *cheetah.AcquireRequest) error {
 
 // charge counts l's slots; r.mu is held and l was just made live.
 func (r *Registry) charge(l *lease) {
+	l.held = l.heldBuf[:0]
 	for _, i := range l.charges {
-		r.quotas.uses[i].add(l.tenant, l.ctx.client.pool.userID, 1)
+		l.held = append(l.held, r.quotas.uses[i].take(l.tenant, l.ctx.client.pool.userID))
 	}
 }
 
@@ -184,9 +215,11 @@ func (r *Registry) discharge(l *lease) {
 	if len(l.charges) == 0 {
 		return
 	}
-	for _, i := range l.charges {
-		r.quotas.uses[i].add(l.tenant, l.ctx.client.pool.userID, -1)
+	for k, i := range l.charges {
+		r.quotas.uses[i].give(l.tenant, l.ctx.client.pool.userID, l.held[k])
 	}
+	clear(l.held)
+	l.held = l.held[:0]
 	r.slotsFreed()
 }
 
@@ -267,11 +300,11 @@ func (r *Registry) Quotas() QuotasView {
 		u := &q.uses[i]
 		qv := QuotaView{Quota: *qt, Holders: []cheetah.Lease{},
 			Occupancy: QuotaOccupancy{Global: ScopeUse{Used: u.global, Cap: qt.Caps.Global}, Tenants: []ScopeUse{}, Users: []ScopeUse{}}}
-		for t, n := range u.tenants {
-			qv.Occupancy.Tenants = append(qv.Occupancy.Tenants, ScopeUse{TenantID: t, Used: n, Cap: qt.CapsFor(t).Tenant})
+		for t, c := range u.tenants {
+			qv.Occupancy.Tenants = append(qv.Occupancy.Tenants, ScopeUse{TenantID: t, Used: c.n, Cap: qt.CapsFor(t).Tenant})
 		}
-		for s, n := range u.users {
-			qv.Occupancy.Users = append(qv.Occupancy.Users, ScopeUse{TenantID: s.tenant, UserID: s.user, Used: n, Cap: qt.CapsFor(s.tenant).User})
+		for s, c := range u.users {
+			qv.Occupancy.Users = append(qv.Occupancy.Users, ScopeUse{TenantID: s.tenant, UserID: s.user, Used: c.n, Cap: qt.CapsFor(s.tenant).User})
 		}
 		v.Quotas[i] = qv
 	}
@@ -299,11 +332,11 @@ func (q *quotaState) slots() int {
 	for i := range q.uses {
 		u := &q.uses[i]
 		n += u.global
-		for _, k := range u.tenants {
-			n += k
+		for _, c := range u.tenants {
+			n += c.n
 		}
-		for _, k := range u.users {
-			n += k
+		for _, c := range u.users {
+			n += c.n
 		}
 	}
 	return n
@@ -329,16 +362,16 @@ func (r *Registry) quotaGauges() []quotaGauge {
 			g.full = 1
 		}
 		t := quotaGauge{quota: qt.Name, level: string(quota.Tenant)}
-		for tenant, n := range u.tenants {
-			t.used = max(t.used, n)
-			if c := qt.CapsFor(tenant).Tenant; c > 0 && n >= c {
+		for tenant, sc := range u.tenants {
+			t.used = max(t.used, sc.n)
+			if c := qt.CapsFor(tenant).Tenant; c > 0 && sc.n >= c {
 				t.full++
 			}
 		}
 		us := quotaGauge{quota: qt.Name, level: string(quota.User)}
-		for s, n := range u.users {
-			us.used = max(us.used, n)
-			if c := qt.CapsFor(s.tenant).User; c > 0 && n >= c {
+		for s, sc := range u.users {
+			us.used = max(us.used, sc.n)
+			if c := qt.CapsFor(s.tenant).User; c > 0 && sc.n >= c {
 				us.full++
 			}
 		}

@@ -286,6 +286,20 @@ func TestQuotaSlotsReturnEveryWay(t *testing.T) {
 	e.reg.Report(c.att, rest)
 	require.Zero(t, slots(), "the context left the state report")
 
+	// Leases charged before a reload give their slots back after it, and
+	// a scope with none left is gone from the occupancy.
+	q := "quotas: [{name: q, levels: {global: 10, tenant: 10, user: 10}}]"
+	l1, l2 := e.mustAcquire("t"), e.mustAcquire("t")
+	e.reg.SetQuotas(mustQuotas(t, q))
+	require.Equal(t, 6, slots(), "counted again under the reloaded quotas")
+	_, _ = e.reg.Release(context.Background(), l1)
+	require.Equal(t, 3, slots())
+	_, _ = e.reg.Release(context.Background(), l2)
+	require.Zero(t, slots(), "released after a reload")
+	occ := e.reg.Quotas().Quotas[0].Occupancy
+	require.Empty(t, occ.Tenants)
+	require.Empty(t, occ.Users)
+
 	e.mustAcquire("t")
 	e.mustAcquire("t")
 	require.Equal(t, 6, slots())
