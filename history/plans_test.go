@@ -141,21 +141,22 @@ func TestPostgresFreshMessagesLookUpNoSeq(t *testing.T) {
 	db := historytest.DB(t, s)
 
 	now := time.Now().UTC()
-	fresh := 0
+	insert := func(id string) history.Op {
+		return history.InsertCommand{Rec: cheetah.CommandRecord{
+			CommandID: id, UserID: "u1", ClientID: "c1", ContextID: "x1", TaskID: "t", Epoch: 1, Name: "echo",
+			ResponseMode: cheetah.ModeRPC, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: now,
+		}}
+	}
+	// n commands, each inserted with its two messages and its end.
 	lifecycle := func(n int) []history.Op {
 		var ops []history.Op
 		for range n {
 			id := historytest.CommandIDAt(now)
-			ops = append(ops,
-				history.InsertCommand{Rec: cheetah.CommandRecord{
-					CommandID: id, UserID: "u1", ClientID: "c1", ContextID: "x1", TaskID: "t", Epoch: 1, Name: "echo",
-					ResponseMode: cheetah.ModeRPC, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: now,
-				}},
+			ops = append(ops, insert(id),
 				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindAck, At: now}},
 				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindResult, At: now}},
 				history.SetStatus{CommandID: id, Status: cheetah.StatusCompleted, At: now},
 			)
-			fresh += 2
 		}
 		return ops
 	}
@@ -163,10 +164,9 @@ func TestPostgresFreshMessagesLookUpNoSeq(t *testing.T) {
 		require.NoError(t, s.Write(ctx, lifecycle(1)...))
 	}
 	require.NoError(t, s.Write(ctx, lifecycle(10)...))
-	stored := lifecycle(1)
-	fresh -= 2
-	last := stored[0].(history.InsertCommand).Rec.CommandID
-	require.NoError(t, s.Write(ctx, stored[0]))
+	const fresh = 2 * (5 + 10)
+	last := historytest.CommandIDAt(now)
+	require.NoError(t, s.Write(ctx, insert(last)))
 	require.NoError(t, s.Write(ctx, history.AppendMessage{CommandID: last, Msg: cheetah.Message{Kind: cheetah.KindProgress, At: now}}))
 	// The store's sessions report their counts as they end.
 	require.NoError(t, s.Close())

@@ -35,6 +35,9 @@ type quotaUse struct {
 	global  int
 	tenants map[string]*scopeCount
 	users   map[userScope]*scopeCount
+	// spare are the counts of scopes that emptied, for the next scope that
+	// opens: an acquire allocates no count under the lock.
+	spare []*scopeCount
 }
 
 // scopeCount is one scope's slots in use. A charged lease keeps a pointer
@@ -78,13 +81,13 @@ func (u *quotaUse) take(tenant, user string) heldSlots {
 	u.global++
 	t := u.tenants[tenant]
 	if t == nil {
-		t = &scopeCount{}
+		t = u.newCount()
 		u.tenants[tenant] = t
 	}
 	us := userScope{tenant, user}
 	c := u.users[us]
 	if c == nil {
-		c = &scopeCount{}
+		c = u.newCount()
 		u.users[us] = c
 	}
 	t.n++
@@ -97,10 +100,22 @@ func (u *quotaUse) give(tenant, user string, h heldSlots) {
 	u.global--
 	if h.tenant.n--; h.tenant.n == 0 {
 		delete(u.tenants, tenant)
+		u.spare = append(u.spare, h.tenant)
 	}
 	if h.user.n--; h.user.n == 0 {
 		delete(u.users, userScope{tenant, user})
+		u.spare = append(u.spare, h.user)
 	}
+}
+
+// newCount returns a zero count, a spare one if there is one.
+func (u *quotaUse) newCount() *scopeCount {
+	if n := len(u.spare); n > 0 {
+		c := u.spare[n-1]
+		u.spare = u.spare[:n-1]
+		return c
+	}
+	return &scopeCount{}
 }
 
 // SetQuotas puts s in force (nil: no quotas) and clears a broken state.

@@ -258,7 +258,8 @@ func TestQuotaReloadGoodAndBroken(t *testing.T) {
 // checks the slots come back each time.
 func TestQuotaSlotsReturnEveryWay(t *testing.T) {
 	e := setup(t, func(c *registry.Config) { c.ReconnectGrace = time.Second })
-	e.reg.SetQuotas(mustQuotas(t, "quotas: [{name: q, levels: {global: 10, tenant: 10, user: 10}}]"))
+	const quotas = "quotas: [{name: q, levels: {global: 10, tenant: 10, user: 10}}]"
+	e.reg.SetQuotas(mustQuotas(t, quotas))
 	c := e.connect("c1", cheetah.Console, nil, worker("a"), worker("b"), worker("c"), worker("d"), worker("e"))
 	slots := func() int { return e.reg.Stats().Slots }
 
@@ -288,9 +289,8 @@ func TestQuotaSlotsReturnEveryWay(t *testing.T) {
 
 	// Leases charged before a reload give their slots back after it, and
 	// a scope with none left is gone from the occupancy.
-	q := "quotas: [{name: q, levels: {global: 10, tenant: 10, user: 10}}]"
 	l1, l2 := e.mustAcquire("t"), e.mustAcquire("t")
-	e.reg.SetQuotas(mustQuotas(t, q))
+	e.reg.SetQuotas(mustQuotas(t, quotas))
 	require.Equal(t, 6, slots(), "counted again under the reloaded quotas")
 	_, _ = e.reg.Release(context.Background(), l1)
 	require.Equal(t, 3, slots())
