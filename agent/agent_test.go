@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cheetahbroker/cheetah/agent"
+	"github.com/cheetahbroker/cheetah/internal/syncbuf"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -245,6 +247,38 @@ func TestCommandSpanContinuesTheTrace(t *testing.T) {
 	require.False(t, sp.Parent.IsValid(), "a trace of its own")
 	require.Equal(t, codes.Error, sp.Status.Code)
 	require.Equal(t, "nope", sp.Status.Description)
+}
+
+// A command's log lines name the session, the command and its context,
+// for a command that failed and for one the agent rejected.
+func TestCommandLogsNameTheCommand(t *testing.T) {
+	t.Parallel()
+	logs := &syncbuf.Buffer{}
+	b := newFakeBroker(t, 1<<20)
+	cfg := testConfig(b)
+	cfg.Log = slog.New(slog.NewTextHandler(logs, nil))
+	_, bc := startConnected(t, b, cfg, map[string]agent.Handler{
+		"fail": func(context.Context, *protocol.Command, agent.Output) (any, error) {
+			return nil, &agent.CommandError{Code: "nope"}
+		},
+	})
+	require.IsType(t, &protocol.Error{}, bc.result(t, command("c1", "flow-1", "fail", `{}`)))
+	require.IsType(t, &protocol.Error{}, bc.result(t, command("c2", "flow-1", "missing", `{}`)))
+	lines := map[string]string{}
+	for line := range strings.Lines(logs.String()) {
+		for _, msg := range []string{"agent: command failed", "agent: rejecting a command"} {
+			if strings.Contains(line, msg) {
+				lines[msg] = line
+			}
+		}
+	}
+	for msg, want := range map[string]string{
+		"agent: command failed":      "command_id=c1 command=fail context_id=flow-1",
+		"agent: rejecting a command": "command_id=c2 command=missing context_id=flow-1",
+	} {
+		require.Contains(t, lines[msg], want, msg)
+		require.Contains(t, lines[msg], "session_id=", msg)
+	}
 }
 
 // blocker is a handler that runs until the test lets it end or its context

@@ -114,11 +114,11 @@ type job struct {
 	cmd     *protocol.Command
 	handler Handler
 	ctx     context.Context
-	release func() // frees the context's resources once the command ended
 	cancel  context.CancelCauseFunc
+	stop    context.CancelFunc // ends the timeout's context, if the command has a timeout
 	state   atomic.Int32
 	span    trace.Span   // the client side of the command's trace
-	log     *slog.Logger // names the session and the command
+	log     *slog.Logger // the session's; logger names the command
 }
 
 // timeoutError is the cause of a command context that hit timeout_ms.
@@ -203,25 +203,24 @@ func (f *flow) serve(quit <-chan struct{}, run func(*job)) {
 // goroutine, so it only acknowledges, checks and queues; handlers run on the
 // flows' workers.
 func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command) {
-	log := s.log.With("command_id", cmd.CommandID, "command", cmd.Name, "context_id", cmd.ContextID)
 	ctx, span := a.startSpan(ctx, cmd)
+	j := &job{cmd: cmd, span: span, log: s.log}
 	if err := s.write(context.Background(), &protocol.Ack{CommandID: cmd.CommandID}); err != nil {
-		log.Warn("agent: ack failed", "err", err)
+		j.logger(a).Warn("agent: ack failed", "err", err)
 	} else {
 		span.AddEvent("ack sent")
 	}
 	f := a.flow(cmd.ContextID)
 	if f == nil {
-		a.reject(log, span, cmd, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
+		a.reject(j, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
 		return
 	}
 	h := a.handler(cmd.Name)
 	if h == nil {
-		a.reject(log, span, cmd, CodeUnknownCommandName, fmt.Sprintf("this agent has no command %q", cmd.Name))
+		a.reject(j, CodeUnknownCommandName, fmt.Sprintf("this agent has no command %q", cmd.Name))
 		return
 	}
-	j := newJob(ctx, cmd, h)
-	j.span, j.log = span, log
+	j.start(ctx, h)
 	a.mu.Lock()
 	_, dup := a.jobs[cmd.CommandID]
 	if !dup {
@@ -231,29 +230,37 @@ func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command
 	if dup {
 		// The broker dispatches a command once; a repeat is a broker bug, and
 		// running the command twice would be worse than ignoring it.
-		log.Warn("agent: ignoring a repeated command id")
+		j.logger(a).Warn("agent: ignoring a repeated command id")
 		span.SetStatus(codes.Error, "repeated command id")
 		span.End()
 		j.release()
 		return
 	}
-	log.Debug("agent: command queued")
+	if j.log.Enabled(ctx, slog.LevelDebug) {
+		j.logger(a).Debug("agent: command queued")
+	}
 	f.push(j)
 }
 
-func newJob(ctx context.Context, cmd *protocol.Command, h Handler) *job {
-	ctx, cancel := context.WithCancelCause(ctx)
-	j := &job{cmd: cmd, handler: h, ctx: ctx, cancel: cancel, release: func() { cancel(nil) }}
-	if cmd.TimeoutMS > 0 {
+// start gives j its handler and its context, a child of ctx.
+func (j *job) start(ctx context.Context, h Handler) {
+	j.handler = h
+	j.ctx, j.cancel = context.WithCancelCause(ctx)
+	if j.cmd.TimeoutMS > 0 {
 		// The deadline counts from arrival, not from the start of the
 		// handler: the caller's wait began even earlier, and a command that
 		// waited its whole timeout in the queue is no longer wanted.
-		d := time.Duration(cmd.TimeoutMS) * time.Millisecond
-		var stop context.CancelFunc
-		j.ctx, stop = context.WithTimeoutCause(ctx, d, &timeoutError{after: d})
-		j.release = func() { stop(); cancel(nil) }
+		d := time.Duration(j.cmd.TimeoutMS) * time.Millisecond
+		j.ctx, j.stop = context.WithTimeoutCause(j.ctx, d, &timeoutError{after: d})
 	}
-	return j
+}
+
+// release frees the resources of j's context once the command ended.
+func (j *job) release() {
+	if j.stop != nil {
+		j.stop()
+	}
+	j.cancel(nil)
 }
 
 // startSpan starts the client side of the command's trace: a child of the
@@ -261,9 +268,9 @@ func newJob(ctx context.Context, cmd *protocol.Command, h Handler) *job {
 // one (or with one that does not parse) starts a trace of its own.
 func (a *Agent) startSpan(ctx context.Context, cmd *protocol.Command) (context.Context, trace.Span) {
 	if cmd.Traceparent != "" {
-		ctx = traceContext.Extract(ctx, propagation.MapCarrier{"traceparent": cmd.Traceparent})
+		ctx = traceContext.Extract(ctx, traceparentCarrier(cmd.Traceparent))
 	}
-	ctx, span := a.tracer.Start(ctx, "cheetah.agent.command", trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := a.tracer.Start(ctx, "cheetah.agent.command", consumerSpan)
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("cheetah.command_id", cmd.CommandID),
@@ -279,6 +286,25 @@ func (a *Agent) startSpan(ctx context.Context, cmd *protocol.Command) (context.C
 
 // traceContext reads the W3C traceparent of command frames.
 var traceContext = propagation.TraceContext{}
+
+// consumerSpan is the kind of a command's span, made once rather than per
+// command.
+var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
+
+// traceparentCarrier carries a command frame's traceparent to traceContext
+// without a map per command.
+type traceparentCarrier string
+
+func (c traceparentCarrier) Get(key string) string {
+	if key == "traceparent" {
+		return string(c)
+	}
+	return ""
+}
+
+func (traceparentCarrier) Set(string, string) {}
+
+func (traceparentCarrier) Keys() []string { return []string{"traceparent"} }
 
 // endSpan ends a command's span with the frame that ends the command, about
 // to be sent unless response mode none says otherwise. It is called before
@@ -300,14 +326,15 @@ func endSpan(span trace.Span, f protocol.Frame, sent bool) {
 }
 
 // reject ends a command the agent cannot run.
-func (a *Agent) reject(log *slog.Logger, span trace.Span, cmd *protocol.Command, code, msg string) {
-	log.Warn("agent: rejecting a command", "code", code)
+func (a *Agent) reject(j *job, code, msg string) {
+	cmd := j.cmd
+	j.logger(a).Warn("agent: rejecting a command", "code", code)
 	f := &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg}
-	endSpan(span, f, cmd.ResponseMode != protocol.ResponseNone)
+	endSpan(j.span, f, cmd.ResponseMode != protocol.ResponseNone)
 	if cmd.ResponseMode == protocol.ResponseNone {
 		return
 	}
-	a.sendTerminal(log, cmd, f)
+	a.sendTerminal(j, f)
 }
 
 // onCancel cancels a command's context. A command still queued is answered
@@ -363,9 +390,8 @@ func (a *Agent) finish(j *job, result any, err error) {
 	a.mu.Unlock()
 	f := terminal(j, result, err)
 	j.release()
-	log := j.logger(a)
 	if e, ok := f.(*protocol.Error); ok {
-		log.Info("agent: command failed", "code", e.Code, "message", e.Message)
+		j.logger(a).Info("agent: command failed", "code", e.Code, "message", e.Message)
 	}
 	if j.span != nil {
 		endSpan(j.span, f, j.cmd.ResponseMode != protocol.ResponseNone)
@@ -373,21 +399,25 @@ func (a *Agent) finish(j *job, result any, err error) {
 	if j.cmd.ResponseMode == protocol.ResponseNone {
 		return
 	}
-	a.sendTerminal(log, j.cmd, f)
+	a.sendTerminal(j, f)
 }
 
-// logger returns the job's logger: the session's, with the command named.
+// logger returns a logger naming the command: the session's, or the
+// agent's for a job made without one. It is made only when something is
+// logged: most commands log nothing.
 func (j *job) logger(a *Agent) *slog.Logger {
-	if j.log != nil {
-		return j.log
+	log := j.log
+	if log == nil {
+		log = a.log
 	}
-	return a.log.With("command_id", j.cmd.CommandID, "command", j.cmd.Name)
+	return log.With("command_id", j.cmd.CommandID, "command", j.cmd.Name, "context_id", j.cmd.ContextID)
 }
 
 // sendTerminal sends a result or error frame. A result too large for the
 // broker is replaced by an error saying so, and an error whose data is too
 // large is sent without its data, so that the command still ends.
-func (a *Agent) sendTerminal(log *slog.Logger, cmd *protocol.Command, f protocol.Frame) {
+func (a *Agent) sendTerminal(j *job, f protocol.Frame) {
+	cmd := j.cmd
 	err := a.send(f)
 	if errors.Is(err, ErrTooLarge) {
 		switch f := f.(type) {
@@ -400,7 +430,7 @@ func (a *Agent) sendTerminal(log *slog.Logger, cmd *protocol.Command, f protocol
 		}
 	}
 	if err != nil {
-		log.Warn("agent: terminal message not sent", "err", err)
+		j.logger(a).Warn("agent: terminal message not sent", "err", err)
 	}
 }
 

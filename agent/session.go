@@ -218,8 +218,12 @@ func (s *session) readLoop(ctx context.Context, a *Agent) error {
 		case *protocol.HoldStateFrame:
 			a.onHoldState(s, f)
 		case *protocol.Assignment:
-			s.log.Debug("agent: assignment", "context_id", f.ContextID, "task_id", f.TaskID,
-				"epoch", f.Epoch, "state", f.State)
+			// One comes with every acquire and release: box its attributes
+			// only when they are logged.
+			if s.log.Enabled(ctx, slog.LevelDebug) {
+				s.log.Debug("agent: assignment", "context_id", f.ContextID, "task_id", f.TaskID,
+					"epoch", f.Epoch, "state", f.State)
+			}
 		case *protocol.Error:
 			s.lastError = f
 			level := slog.LevelWarn

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -22,9 +23,7 @@ var (
 	pgInsertCommands = newPGRows("history.InsertCommand", `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
 	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
 	callback_url, callback_key_id, created_at, dispatched_at, acked_at, finished_at, delivery_next_at)
-SELECT * FROM %s AS v`, "text", "text", "text", "text", "text", "int8", "text",
-		"text", "text", "text", "text", "text", "int2", "text", "text", "text", "text",
-		"text", "text", "timestamptz", "timestamptz", "timestamptz", "timestamptz", "timestamptz")
+SELECT * FROM %s AS v`, pgInsertCommandTypes...)
 
 	// One row change per command: see statusChange. Each timestamp, the
 	// error and the due delivery apply only where the stored rank is below
@@ -64,6 +63,11 @@ FROM %s AS v(command_id, attempts, delivered, last_error, next_at)
 WHERE c.command_id = v.command_id`, "text", "int4", "bool", "text", "timestamptz")
 )
 
+// pgInsertCommandTypes are the types of a command's values (commandValues).
+var pgInsertCommandTypes = []string{"text", "text", "text", "text", "text", "int8", "text",
+	"text", "text", "text", "text", "text", "int2", "text", "text", "text", "text",
+	"text", "text", "timestamptz", "timestamptz", "timestamptz", "timestamptz", "timestamptz"}
+
 // pgMessageTypes are the types of a message's values (messageRow.values).
 var pgMessageTypes = []string{"text", "int8", "text", "text", "text", "text", "text", "text", "bytea", "bool", "timestamptz"}
 
@@ -96,12 +100,13 @@ const pgValuesRows = 8
 // reads all its rows before it writes any, so both mean the same.
 type pgRows struct {
 	name   string // what an error names
+	width  int    // the number of columns
 	values [pgValuesRows]string
 	arrays string
 }
 
 func newPGRows(name, text string, types ...string) *pgRows {
-	st := &pgRows{name: name}
+	st := &pgRows{name: name, width: len(types)}
 	var b strings.Builder
 	b.WriteString("unnest(")
 	for j, t := range types {
@@ -134,39 +139,36 @@ func newPGRows(name, text string, types ...string) *pgRows {
 	return st
 }
 
-// queue adds st for n rows to b, and its name to names; row(i) is the i-th
-// row's values, in the statement's column order. Nothing is queued for no
-// rows.
-func (st *pgRows) queue(b *pgx.Batch, names *[]string, n int, row func(i int) []any) {
+// queue adds st for n rows to b, and its name to names; row(i, vals) puts
+// the i-th row's values in vals, in the statement's column order. Nothing is
+// queued for no rows.
+func (st *pgRows) queue(b *pgx.Batch, names *[]string, n int, row func(i int, vals []any)) {
 	if n == 0 {
 		return
 	}
 	*names = append(*names, st.name)
+	w := st.width
 	if n < pgValuesRows {
-		var args []any
+		args := make([]any, n*w)
 		for i := range n {
-			args = append(args, row(i)...)
+			row(i, args[i*w:(i+1)*w:(i+1)*w])
 		}
 		b.Queue(st.values[n], args...)
 		return
 	}
-	// One array per column; pgx encodes each element as its own type.
-	var cols [][]any
+	// One array per column, cut from one slice of cells, column after
+	// column; pgx encodes each element as its own type.
+	cells := make([]any, n*w)
+	vals := make([]any, w)
 	for i := range n {
-		vals := row(i)
-		if cols == nil {
-			cols = make([][]any, len(vals))
-			for j := range cols {
-				cols[j] = make([]any, n)
-			}
-		}
+		row(i, vals)
 		for j, v := range vals {
-			cols[j][i] = v
+			cells[j*n+i] = v
 		}
 	}
-	args := make([]any, len(cols))
-	for j := range cols {
-		args[j] = cols[j]
+	args := make([]any, w)
+	for j := range args {
+		args[j] = pgtype.FlatArray[any](cells[j*n : (j+1)*n : (j+1)*n])
 	}
 	b.Queue(st.arrays, args...)
 }
@@ -201,8 +203,10 @@ func (s *Store) applyPostgres(ctx context.Context, p *writePlan) error {
 			return fail("history.begin", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		vals := make([]any, len(pgCommandCols)) // CopyFrom encodes a row before it asks for the next
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"commands"}, pgCommandCols, pgx.CopyFromSlice(len(p.cmds), func(i int) ([]any, error) {
-			return commandValues(&p.cmds[i]), nil
+			commandValues(&p.cmds[i], vals)
+			return vals, nil
 		})); err != nil {
 			return fail("history.InsertCommand", err)
 		}
@@ -228,14 +232,14 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 	}
 	plans := len(names)
 	if withInserts {
-		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int) []any { return commandValues(&p.cmds[i]) })
+		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int, vals []any) { commandValues(&p.cmds[i], vals) })
 	}
-	pgSetStatuses.queue(&b, &names, len(p.statuses), func(i int) []any { return p.statuses[i].values() })
+	pgSetStatuses.queue(&b, &names, len(p.statuses), func(i int, vals []any) { p.statuses[i].pgValues(vals) })
 	p.splitMessages()
 	fresh, stored := p.freshMsgs, p.storedMsgs
-	pgInsertMessages.queue(&b, &names, len(fresh), func(i int) []any { return fresh[i].values(fresh[i].Seq) })
-	pgAppendMessages.queue(&b, &names, len(stored), func(i int) []any { return stored[i].values(stored[i].Seq) })
-	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int) []any { return deliveryValues(&p.deliveries[i]) })
+	pgInsertMessages.queue(&b, &names, len(fresh), func(i int, vals []any) { fresh[i].pgValues(vals) })
+	pgAppendMessages.queue(&b, &names, len(stored), func(i int, vals []any) { stored[i].pgValues(vals) })
+	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int, vals []any) { deliveryValues(&p.deliveries[i], vals) })
 	queueLeases(&b, &names, p.leases)
 	if len(names) == plans {
 		return nil
@@ -252,31 +256,47 @@ func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts boo
 	return br.Close()
 }
 
-// commandValues are a command row's values in pgInsertCommands's (and
-// pgCommandCols's) column order.
-func commandValues(r *commandRow) []any {
-	return []any{r.CommandID, r.UserID, r.ClientID, r.ContextID, r.TaskID, r.Epoch, r.Name,
-		r.Params, r.Target, r.Options, r.ResponseMode, r.Status, int16(r.StatusRank), r.ErrorCode, r.ErrorMessage, r.ErrorData, r.TraceID,
-		r.CallbackURL, r.CallbackKeyID, r.CreatedAt, r.DispatchedAt, r.AckedAt, r.FinishedAt, r.DeliveryNextAt}
+// commandValues puts a command row's values in vals, in pgInsertCommands's
+// (and pgCommandCols's) column order.
+func commandValues(r *commandRow, vals []any) {
+	_ = vals[23]
+	vals[0], vals[1], vals[2], vals[3], vals[4] = pgText{&r.CommandID}, pgText{&r.UserID}, pgText{&r.ClientID}, pgText{&r.ContextID}, pgText{&r.TaskID}
+	vals[5], vals[6] = pgInt[int64]{&r.Epoch}, pgText{&r.Name}
+	vals[7], vals[8], vals[9], vals[10], vals[11] = pgText{r.Params}, pgText{r.Target}, pgText{r.Options}, pgText{&r.ResponseMode}, pgText{&r.Status}
+	vals[12], vals[13], vals[14], vals[15] = pgInt[int]{&r.StatusRank}, pgText{r.ErrorCode}, pgText{r.ErrorMessage}, pgText{r.ErrorData}
+	vals[16], vals[17], vals[18] = pgText{&r.TraceID}, pgText{r.CallbackURL}, pgText{r.CallbackKeyID}
+	vals[19], vals[20], vals[21], vals[22], vals[23] = pgTime{&r.CreatedAt}, pgTime{r.DispatchedAt}, pgTime{r.AckedAt}, pgTime{r.FinishedAt}, pgTime{r.DeliveryNextAt}
 }
 
-// values are c's values in pgSetStatuses's column order.
-func (c *statusChange) values() []any {
+// pgValues puts c's values in vals, in pgSetStatuses's column order.
+func (c *statusChange) pgValues(vals []any) {
 	code, msg, data := c.errCols()
-	return []any{c.commandID, c.status, int16(c.rank), c.at[1], c.at[2], c.at[3], int16(c.errRank), code, msg, data}
+	_ = vals[9]
+	vals[0], vals[1], vals[2] = pgText{&c.commandID}, pgText{&c.status}, pgInt[int]{&c.rank}
+	vals[3], vals[4], vals[5] = pgTime{c.at[1]}, pgTime{c.at[2]}, pgTime{c.at[3]}
+	vals[6], vals[7], vals[8], vals[9] = pgInt[int]{&c.errRank}, pgText{code}, pgText{msg}, pgText{data}
 }
 
 // messageBlobCol is the place of a message's bytes among its values.
 const messageBlobCol = 8
 
-// values are r's values in the column order of the messages statements
-// (pgAppendMessages, and SQLite's), with seq in its place: its place in the
-// batch (ord), or its seq.
+// values are r's values in the column order of SQLite's messages
+// statement, with seq in its place.
 func (r *messageRow) values(seq int64) []any {
-	// Keep messageBlobCol in step with this order.
+	// Keep messageBlobCol, and pgValues, in step with this order.
 	return []any{r.CommandID, seq, r.Kind, r.Name, r.Data, r.Code, r.Message, r.Mime, r.Blob, r.Late, r.At}
 }
 
-func deliveryValues(d *SetDelivery) []any {
-	return []any{d.CommandID, int32(d.Attempts), d.Delivered, text(d.LastError), utcPtr(&d.NextAt)}
+// pgValues puts r's values in vals, in the column order of the PostgreSQL
+// messages statements, with its Seq in its place: its seq, or its place in
+// the batch (ord) for pgAppendMessages.
+func (r *messageRow) pgValues(vals []any) {
+	_ = vals[10]
+	vals[0], vals[1], vals[2], vals[3], vals[4] = pgText{&r.CommandID}, pgInt[int64]{&r.Seq}, pgText{&r.Kind}, pgText{&r.Name}, pgText{r.Data}
+	vals[5], vals[6], vals[7], vals[8], vals[9], vals[10] = pgText{&r.Code}, pgText{&r.Message}, pgText{&r.Mime}, r.Blob, r.Late, pgTime{&r.At}
+}
+
+func deliveryValues(d *SetDelivery, vals []any) {
+	_ = vals[4]
+	vals[0], vals[1], vals[2], vals[3], vals[4] = d.CommandID, int32(d.Attempts), d.Delivered, text(d.LastError), utcPtr(&d.NextAt)
 }

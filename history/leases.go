@@ -124,7 +124,7 @@ func queueLeases(b *pgx.Batch, names *[]string, cs []leaseChange) {
 	}
 	for kind, st := range [...]*pgRows{LeaseNew: pgNewLeases, LeaseExpiry: pgLeaseExpiries, LeaseClaim: pgClaimLeases} {
 		ls := byKind[kind]
-		st.queue(b, names, len(ls), func(i int) []any { return putValues(ls[i]) })
+		st.queue(b, names, len(ls), func(i int, vals []any) { putValues(ls[i], vals) })
 	}
 	if len(gone) > 0 {
 		b.Queue(pgDeleteLeases, gone)
@@ -132,10 +132,10 @@ func queueLeases(b *pgx.Batch, names *[]string, cs []leaseChange) {
 	}
 }
 
-// putValues are l's values in the order of pgLeaseTypes.
-func putValues(l *PutLease) []any {
-	return []any{l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID,
-		l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState, l.Generation}
+// putValues puts l's values in vals, in the order of pgLeaseTypes.
+func putValues(l *PutLease, vals []any) {
+	copy(vals, []any{l.TokenDigest[:], l.UserID, l.ClientID, l.ContextID, l.TaskID,
+		l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState, l.Generation})
 }
 
 // AbandonReplica gives up what replica id held before it was fenced, once

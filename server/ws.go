@@ -59,6 +59,12 @@ type session struct {
 	// they start under mu while !dead, and the session waits for them.
 	bg sync.WaitGroup
 
+	// writeTimer cuts the connection when a write takes longer than the
+	// write timeout. Made by the first writer and kept, stopped, between
+	// writes: writers come and go with every burst of frames. Only the
+	// writer touches it.
+	writeTimer *time.Timer
+
 	lastSeen atomic.Int64 // unix nanoseconds of the last frame or pong
 	att      *registry.Attachment
 	// beating is set once hello succeeded: the heartbeat loop pings only
@@ -232,16 +238,15 @@ func (s *session) end() {
 func (s *session) writeLoop() {
 	defer s.bg.Done()
 	buf := s.srv.getBuf()
+	defer s.srv.putBuf(buf)
 	// The write timeout cuts the connection, as a write context's would;
 	// writes themselves take a context that is never done, which spares
 	// the library arming a cancellation for each one.
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-		s.srv.putBuf(buf)
-	}()
+	if s.writeTimer == nil {
+		s.writeTimer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() { s.ws.CloseNow() })
+		s.writeTimer.Stop()
+	}
+	timer := s.writeTimer
 	for {
 		s.mu.Lock()
 		batch := s.queue
@@ -253,10 +258,6 @@ func (s *session) writeLoop() {
 		s.queue = nil
 		s.mu.Unlock()
 
-		if timer == nil {
-			timer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() { s.ws.CloseNow() })
-			timer.Stop()
-		}
 		bytes := 0
 		for i := range batch {
 			it := &batch[i]
