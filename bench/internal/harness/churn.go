@@ -70,6 +70,7 @@ func (e *env) churn() *report.Scenario {
 			report.Column{Key: "dropped", Label: "agents dropped", Unit: "", Better: report.Lower},
 			report.Column{Key: "refused", Label: "acquires refused, store_unavailable, retried (warm-up included)", Unit: "", Better: report.Lower}),
 	}
+	s.Columns = append(s.Columns, machineColumns...)
 	s.Rows = append(s.Rows,
 		e.row(s.Key, peerRedis, false, e.redisChurn),
 		e.row(s.Key, peerPGSkipLocked, false, e.pgChurn),

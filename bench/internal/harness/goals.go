@@ -87,8 +87,10 @@ func goals(c Config) []report.Goal {
 }
 
 // readings are Cheetah's costs per command, shown with the goals: CPU per
-// command in scenarios 1 and 2, store commits per round trip in scenario 1,
-// store ops per commit in scenario 2.
+// command in scenarios 1 and 2, the machine's CPU per command and how busy
+// it was in scenario 2 (NATS's too: on a saturated machine, the ratio of
+// the rates is the inverse of these), store commits per round trip in
+// scenario 1, store ops per commit in scenario 2.
 func readings(rep *report.Report) []report.Reading {
 	var out []report.Reading
 	read := func(n int, figure, scenario, peer, column string) {
@@ -99,6 +101,10 @@ func readings(rep *report.Report) []report.Reading {
 	}
 	for _, p := range []string{peerCheetahSQL, peerCheetahPG} {
 		read(2, "CPU per command, throughput, "+p, "throughput", p, "cpu_us")
+	}
+	for _, p := range []string{peerNATSQueue, peerCheetahSQL, peerCheetahPG} {
+		read(2, "machine CPU per command, throughput, "+p, "throughput", p, "machine_cpu_us")
+		read(2, "machine busy, throughput, "+p, "throughput", p, "machine_busy")
 	}
 	for _, p := range []string{peerCheetahSQL, peerCheetahPG, peerCheetahPGAPI} {
 		read(1, "store commits per round trip, "+p, "latency", p, "commits")
@@ -115,6 +121,8 @@ func footnotes() []string {
 		"CPU per command (scenarios 1 and 2) is this process's user + system time (getrusage RUSAGE_SELF) over the measured phase divided by the commands completed in it. " +
 			"Cheetah runs in the harness's process, and so do its agents (they answer over real WebSockets, but in this process) and the callers' SDK: the figure counts all three, and the kernel's work for this process (system time: SQLite's writes and fsyncs happen in it), not the PostgreSQL server's CPU. " +
 			"The peers' own workers run in this process too (the NATS responders, the echo server), which is why the column is given for Cheetah's rows only.",
+		"Machine CPU per operation and machine busy (scenarios 2 and 3) are the whole machine's user, nice, system, irq and softirq time from /proc/stat over the measured phase (not idle, iowait or steal): " +
+			"per operation completed in it, and as a share of all the machine's CPUs over the phase's wall time. They count every process, so the PostgreSQL server's, NATS's and Redis's work is in their peers' figures, and the harness's own callers are in every row.",
 		"Store commits per round trip (scenario 1) and ops per commit (scenarios 2 and 4) are the history store's own counters; they span the warm-up too.",
 		"A ratio is absent when either side is: a peer that did not answer, a run that failed or a scenario not run gives no figure, and nothing is estimated.",
 	}

@@ -214,22 +214,37 @@ type trial struct {
 	profile string // where this trial's profiles go; empty for none
 
 	// cpu is the CPU time of this whole process over the measured phase,
-	// once it has ended; ops is how many operations a closed loop completed
-	// in it.
-	cpu time.Duration
-	ops int64
+	// once it has ended, and busy the whole machine's (every process's) in
+	// the wall time elapsed; ops is how many operations a closed loop
+	// completed in it.
+	cpu, busy, elapsed time.Duration
+	ops                int64
 }
 
 // measuring starts the measured phase; the returned function ends it. It
-// takes the process's CPU time over the phase, and with profiling on, a CPU
-// profile runs until the end, which then also writes a heap profile.
+// takes the process's and the machine's CPU time over the phase, and with
+// profiling on, a CPU profile runs until the end, which then also writes a
+// heap profile.
 func (t *trial) measuring() (stop func()) {
 	stopProfile := t.profiling()
-	cpu0 := machine.CPUTime()
+	cpu0, busy0, start := machine.CPUTime(), machine.BusyTime(), time.Now()
 	return func() {
-		t.cpu = machine.CPUTime() - cpu0
+		t.cpu, t.busy, t.elapsed = machine.CPUTime()-cpu0, machine.BusyTime()-busy0, time.Since(start)
 		stopProfile()
 	}
+}
+
+// machineFigures puts the machine's CPU time per operation (µs) and how busy
+// its CPUs were (% of all of them) over the measured phase into out: with
+// every process counted, a peer whose servers run outside this process
+// (PostgreSQL, NATS, Redis) is measured whole, and a rate that stops where
+// the machine is saturated is told apart from one that waits.
+func (t *trial) machineFigures(out map[string]float64) {
+	if t.busy <= 0 || t.ops <= 0 || t.elapsed <= 0 {
+		return
+	}
+	out["machine_cpu_us"] = stats.Micros(t.busy) / float64(t.ops)
+	out["machine_busy"] = 100 * t.busy.Seconds() / (t.elapsed.Seconds() * float64(runtime.NumCPU()))
 }
 
 // cpuPerOp is the CPU time of the measured phase per operation, in µs.

@@ -23,6 +23,13 @@ func loadColumns(rate string) []report.Column {
 	}
 }
 
+// machineColumns are the machine's CPU over a closed loop's measured phase
+// (trial.machineFigures): every process's, the peers' servers included.
+var machineColumns = []report.Column{
+	{Key: "machine_cpu_us", Label: "machine CPU per operation (all processes)", Unit: "µs", Better: report.Lower},
+	{Key: "machine_busy", Label: "machine busy", Unit: "%", Better: report.Lower},
+}
+
 // throughput is scenario 2: every context busy at once, one caller each.
 func (e *env) throughput() *report.Scenario {
 	c := e.cfg
@@ -37,6 +44,7 @@ func (e *env) throughput() *report.Scenario {
 			report.Column{Key: "ops_per_commit", Label: "ops per commit", Unit: "ops", Better: report.Higher},
 			cpuColumn),
 	}
+	s.Columns = append(s.Columns, machineColumns...)
 	s.Rows = append(s.Rows,
 		e.row(s.Key, peerNATSQueue, false, e.natsThroughput),
 		e.row(s.Key, peerCheetahSQL, true, e.cheetahThroughput(broker.SQLite)),
@@ -54,6 +62,7 @@ func (e *env) load(t *trial, workers int, warm, dur time.Duration, op func(ctx c
 	}
 	p := res.lat.Percentiles(50, 99)
 	out := map[string]float64{"rate": res.perSecond(), "p50": p[0], "p99": p[1]}
+	t.machineFigures(out)
 	if res.errs > 0 {
 		out["errors"] = float64(res.errs)
 	}
