@@ -18,7 +18,7 @@ const copyThreshold = 256
 
 // The PostgreSQL write path. Each statement is written once, with %s where
 // its rows come from (pgRows), so that a batch of any size is these few
-// statements, pipelined, and pgx prepares each text once per connection.
+// statements, pipelined (pgBatch), each text prepared once per connection.
 var (
 	pgInsertCommands = newPGRows("history.InsertCommand", `INSERT INTO commands (command_id, user_id, client_id, context_id, task_id, epoch, name,
 	params, target, options, response_mode, status, status_rank, error_code, error_message, error_data, trace_id,
@@ -83,8 +83,10 @@ var pgMessageTypes = []string{"text", "int8", "text", "text", "text", "text", "t
 //     each batch then read the whole table, so a batch's cost grew with the
 //     history (commands' rows read by sequential scans during a 40,000
 //     command ingest: 17.8 million, against none with these settings).
-const pgKeyedPlans = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
-	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+//
+// Without parameters, it goes unprepared (pgBatch.build).
+var pgKeyedPlans = pgStmt{sql: `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`}
 
 // pgValuesRows is the number of rows from which a statement reads them from
 // unnest over arrays rather than from VALUES. Below it VALUES costs less:
@@ -101,8 +103,8 @@ const pgValuesRows = 8
 type pgRows struct {
 	name   string // what an error names
 	width  int    // the number of columns
-	values [pgValuesRows]string
-	arrays string
+	values [pgValuesRows]pgStmt
+	arrays pgStmt
 }
 
 func newPGRows(name, text string, types ...string) *pgRows {
@@ -116,7 +118,7 @@ func newPGRows(name, text string, types ...string) *pgRows {
 		fmt.Fprintf(&b, "$%d::%s[]", j+1, t)
 	}
 	b.WriteString(")")
-	st.arrays = fmt.Sprintf(text, b.String())
+	st.arrays = newPGStmt(fmt.Sprintf(text, b.String()))
 	for n := 1; n < pgValuesRows; n++ {
 		b.Reset()
 		b.WriteString("(VALUES ")
@@ -134,43 +136,39 @@ func newPGRows(name, text string, types ...string) *pgRows {
 			b.WriteString(")")
 		}
 		b.WriteString(")")
-		st.values[n] = fmt.Sprintf(text, b.String())
+		st.values[n] = newPGStmt(fmt.Sprintf(text, b.String()))
 	}
 	return st
 }
 
-// queue adds st for n rows to b, and its name to names; row(i, vals) puts
-// the i-th row's values in vals, in the statement's column order. Nothing is
-// queued for no rows.
-func (st *pgRows) queue(b *pgx.Batch, names *[]string, n int, row func(i int, vals []any)) {
+// queue adds st for n rows to b; row(i, vals) puts the i-th row's values
+// in vals, in the statement's column order. Nothing is queued for no rows.
+func (st *pgRows) queue(b *pgBatch, n int, row func(i int, vals []any)) {
 	if n == 0 {
 		return
 	}
-	*names = append(*names, st.name)
 	w := st.width
 	if n < pgValuesRows {
-		args := make([]any, n*w)
+		args := b.take(n * w)
 		for i := range n {
 			row(i, args[i*w:(i+1)*w:(i+1)*w])
 		}
-		b.Queue(st.values[n], args...)
+		b.queue(st.name, st.values[n], args...)
 		return
 	}
 	// One array per column, cut from one slice of cells, column after
 	// column; pgx encodes each element as its own type.
-	cells := make([]any, n*w)
-	vals := make([]any, w)
+	cells, vals, args := b.take(n*w), b.take(w), b.take(w)
 	for i := range n {
 		row(i, vals)
 		for j, v := range vals {
 			cells[j*n+i] = v
 		}
 	}
-	args := make([]any, w)
 	for j := range args {
 		args[j] = pgtype.FlatArray[any](cells[j*n : (j+1)*n : (j+1)*n])
 	}
-	b.Queue(st.arrays, args...)
+	b.queue(st.name, st.arrays, args...)
 }
 
 // pgCommandCols are the commands columns COPY fills, in commandValues's order.
@@ -217,43 +215,34 @@ func (s *Store) applyPostgres(ctx context.Context, p *writePlan) error {
 	})
 }
 
-// pgPipeline sends p's statements as one batch and reads their results in
-// order: the first failing statement names the error.
+// pgPipeline sends p's statements as one pipeline and reads their results
+// in order: the first failing statement names the error.
 func pgPipeline(ctx context.Context, pc *pgx.Conn, p *writePlan, withInserts bool) error {
-	var b pgx.Batch
-	var names []string
+	var b pgBatch
 	arrays := max(len(p.cmds), len(p.statuses), len(p.msgs), len(p.deliveries), len(p.leases)) >= pgValuesRows
 	if arrays || len(p.statuses)+len(p.deliveries)+len(p.leases) > 0 {
 		// Some statement reads arrays, or finds rows to change by their key.
 		// Inserts alone need neither: a VALUES list plans in no time, and a
 		// message's seq comes from the index of its command's messages.
-		b.Queue(pgKeyedPlans)
-		names = append(names, "history.begin")
+		b.queue("history.begin", pgKeyedPlans)
 	}
-	plans := len(names)
+	plans := b.len()
 	if withInserts {
-		pgInsertCommands.queue(&b, &names, len(p.cmds), func(i int, vals []any) { commandValues(&p.cmds[i], vals) })
+		pgInsertCommands.queue(&b, len(p.cmds), func(i int, vals []any) { commandValues(&p.cmds[i], vals) })
 	}
-	pgSetStatuses.queue(&b, &names, len(p.statuses), func(i int, vals []any) { p.statuses[i].pgValues(vals) })
+	pgSetStatuses.queue(&b, len(p.statuses), func(i int, vals []any) { p.statuses[i].pgValues(vals) })
 	p.splitMessages()
 	fresh, stored := p.freshMsgs, p.storedMsgs
-	pgInsertMessages.queue(&b, &names, len(fresh), func(i int, vals []any) { fresh[i].pgValues(vals) })
-	pgAppendMessages.queue(&b, &names, len(stored), func(i int, vals []any) { stored[i].pgValues(vals) })
-	pgSetDeliveries.queue(&b, &names, len(p.deliveries), func(i int, vals []any) { deliveryValues(&p.deliveries[i], vals) })
-	queueLeases(&b, &names, p.leases)
-	if len(names) == plans {
+	pgInsertMessages.queue(&b, len(fresh), func(i int, vals []any) { fresh[i].pgValues(vals) })
+	pgAppendMessages.queue(&b, len(stored), func(i int, vals []any) { stored[i].pgValues(vals) })
+	pgSetDeliveries.queue(&b, len(p.deliveries), func(i int, vals []any) { deliveryValues(&p.deliveries[i], vals) })
+	queueLeases(&b, p.leases)
+	if b.len() == plans {
 		return nil
 	}
-	br := pc.SendBatch(ctx, &b)
-	for _, name := range names {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return fail(name, err)
-		}
-	}
-	// Close reads to the end of the pipeline: in the implicit transaction,
-	// past its commit. An error there is the commit's.
-	return br.Close()
+	// In the implicit transaction, the end of the pipeline is past its
+	// commit: an error there is the commit's.
+	return b.send(ctx, pc)
 }
 
 // commandValues puts a command row's values in vals, in pgInsertCommands's

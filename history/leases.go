@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 )
 
@@ -63,14 +62,12 @@ type leaseChange struct {
 	delete bool
 }
 
-const (
-	// replica_id takes the writing connection's setting (EXCLUDED's is
-	// this replica's). A replica cut off from the database may have writes
-	// held that reach it after others took its leases over: they change
-	// only rows still its own.
-	pgDeleteLeases = `DELETE FROM leases WHERE token_digest = ANY($1::bytea[])
-AND replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`
-)
+// replica_id takes the writing connection's setting (EXCLUDED's is this
+// replica's). A replica cut off from the database may have writes held that
+// reach it after others took its leases over: they change only rows still
+// its own.
+var pgDeleteLeases = newPGStmt(`DELETE FROM leases WHERE token_digest = ANY($1::bytea[])
+AND replica_id = COALESCE(current_setting('cheetah.replica_id', true), '')`)
 
 // The lease rows' columns, in putValues's order.
 var pgLeaseTypes = []string{"bytea", "text", "text", "text", "text", "int8", "int8", "bool", "timestamptz", "bool", "int8"}
@@ -111,7 +108,7 @@ func (p *writePlan) planLease(digest [32]byte, c leaseChange) {
 
 // queueLeases adds to b the statements that make the lease rows what cs
 // say: new rows, expiries, claims, deletions.
-func queueLeases(b *pgx.Batch, names *[]string, cs []leaseChange) {
+func queueLeases(b *pgBatch, cs []leaseChange) {
 	var byKind [3][]*PutLease
 	var gone [][]byte
 	for i := range cs {
@@ -124,11 +121,10 @@ func queueLeases(b *pgx.Batch, names *[]string, cs []leaseChange) {
 	}
 	for kind, st := range [...]*pgRows{LeaseNew: pgNewLeases, LeaseExpiry: pgLeaseExpiries, LeaseClaim: pgClaimLeases} {
 		ls := byKind[kind]
-		st.queue(b, names, len(ls), func(i int, vals []any) { putValues(ls[i], vals) })
+		st.queue(b, len(ls), func(i int, vals []any) { putValues(ls[i], vals) })
 	}
 	if len(gone) > 0 {
-		b.Queue(pgDeleteLeases, gone)
-		*names = append(*names, "history.DeleteLease")
+		b.queue("history.DeleteLease", pgDeleteLeases, gone)
 	}
 }
 

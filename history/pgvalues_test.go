@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 )
@@ -72,10 +71,9 @@ func TestPostgresValuesEncodeWithoutAllocatingPerValue(t *testing.T) {
 	var buf []byte
 	allocs := func(n int) float64 {
 		return testing.AllocsPerRun(20, func() {
-			var b pgx.Batch
-			var names []string
-			pgInsertCommands.queue(&b, &names, n, func(i int, vals []any) { commandValues(&rows[i], vals) })
-			for j, arg := range b.QueuedQueries[0].Arguments {
+			var b pgBatch
+			pgInsertCommands.queue(&b, n, func(i int, vals []any) { commandValues(&rows[i], vals) })
+			for j, arg := range b.queued[0].args {
 				var err error
 				if buf, err = m.Encode(oids[j], pgtype.BinaryFormatCode, arg, buf[:0]); err != nil {
 					panic(err)

@@ -2,7 +2,11 @@ package history_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,4 +192,48 @@ WHERE t.relname = 'messages' AND i.indexrelname = 'messages_pkey'`).Scan(&ins, &
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM messages
 WHERE seq <> CASE kind WHEN 'result' THEN 2 ELSE 1 END`).Scan(&bad))
 	require.Zero(t, bad, "messages out of their seq")
+}
+
+// A batch's parameters are encoded once, into a buffer the store keeps
+// from batch to batch: pgx's own batch encoded each statement's parameters
+// into a buffer that it grew from 256 bytes again for every statement, so
+// a batch allocated about twice what it had to send (once for that buffer,
+// once for the wire message). Bytes allocated by a Write of 64 commands
+// with 2 KiB of params and 2 KiB of result each, against those 256 KiB:
+// 9.3 times them with pgx's batch, 3.8 with the store's buffer.
+func TestPostgresBatchEncodesParametersOnce(t *testing.T) {
+	ctx := context.Background()
+	s := historytest.NewPostgres(t)
+	payload := json.RawMessage(`{"pad":"` + strings.Repeat("x", 2040) + `"}`)
+	now := time.Now().UTC()
+	const n = 64
+	batch := func() []history.Op {
+		var ops []history.Op
+		for range n {
+			id := historytest.CommandIDAt(now)
+			ops = append(ops, history.InsertCommand{Rec: cheetah.CommandRecord{
+				CommandID: id, UserID: "u1", ClientID: "c1", ContextID: "x1", TaskID: "t", Epoch: 1, Name: "echo",
+				Params: payload, ResponseMode: cheetah.ModeRPC, TraceID: "0123456789abcdef0123456789abcdef", CreatedAt: now,
+			}},
+				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindAck, At: now}},
+				history.AppendMessage{CommandID: id, Msg: cheetah.Message{Kind: cheetah.KindResult, Data: payload, At: now}},
+				history.SetStatus{CommandID: id, Status: cheetah.StatusCompleted, At: now},
+			)
+		}
+		return ops
+	}
+	require.NoError(t, s.Write(ctx, batch()...)) // prepares the statements
+	sent := float64(2 * n * len(payload))
+	least := math.Inf(1)
+	for range 5 {
+		// The least of a few: a collection may empty the pool in between.
+		ops := batch()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		require.NoError(t, s.Write(ctx, ops...))
+		runtime.ReadMemStats(&after)
+		least = min(least, float64(after.TotalAlloc-before.TotalAlloc))
+	}
+	t.Logf("%.1f bytes allocated per byte of parameters (%.0f for %.0f)", least/sent, least, sent)
+	require.Less(t, least/sent, 6.0, "bytes allocated per byte of parameters")
 }
