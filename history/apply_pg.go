@@ -83,10 +83,8 @@ var pgMessageTypes = []string{"text", "int8", "text", "text", "text", "text", "t
 //     each batch then read the whole table, so a batch's cost grew with the
 //     history (commands' rows read by sequential scans during a 40,000
 //     command ingest: 17.8 million, against none with these settings).
-//
-// Without parameters, it goes unprepared (pgBatch.build).
-var pgKeyedPlans = pgStmt{sql: `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
-	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`}
+var pgKeyedPlans = newPGStmt(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`)
 
 // pgValuesRows is the number of rows from which a statement reads them from
 // unnest over arrays rather than from VALUES. Below it VALUES costs less:

@@ -91,12 +91,12 @@ func (b *pgBatch) releaseCells() {
 // pgParamBufs holds the buffers parameters are encoded into. One is handed
 // back only below pgParamBufMax, so that a rare huge batch does not stay in
 // memory.
-var pgParamBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+var pgParamBufs = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
 
 const pgParamBufMax = 4 << 20
 
 // pgCells holds slices of argument cells (pgBatch.take).
-var pgCells = sync.Pool{New: func() any { c := make([]any, 0, 4096); return &c }}
+var pgCells = sync.Pool{New: func() any { c := make([]any, 0, 512); return &c }}
 
 const pgCellsMax = 1 << 18
 
@@ -142,9 +142,6 @@ func (b *pgBatch) build(ctx context.Context, pc *pgx.Conn, pb *pgconn.Batch) err
 	sds := make([]*pgconn.StatementDescription, len(b.queued))
 	total := 0
 	for i, q := range b.queued {
-		if len(q.args) == 0 {
-			continue // sent as it is, unprepared
-		}
 		sd, err := pc.Prepare(ctx, q.stmt.name, q.stmt.sql)
 		if err != nil {
 			return fail(b.names[i], err)
@@ -179,10 +176,6 @@ func (b *pgBatch) build(ctx context.Context, pc *pgx.Conn, pb *pgconn.Batch) err
 	}
 	k = 0
 	for i, q := range b.queued {
-		if sds[i] == nil {
-			pb.ExecParams(q.stmt.sql, nil, nil, nil, nil)
-			continue
-		}
 		n := len(q.args)
 		pb.ExecStatement(sds[i], values[k:k+n:k+n], formats[k:k+n:k+n], nil)
 		k += n
