@@ -36,7 +36,6 @@ func newPGStmt(sql string) pgStmt {
 // only the Bind messages (pgconn's) are built per batch.
 type pgBatch struct {
 	queued []pgQueued
-	names  []string // what each statement's error is named by
 	// cells hold the statements' arguments until they are encoded; taken
 	// from pgCells, given back by build. needed counts what they took.
 	cells  *[]any
@@ -44,14 +43,14 @@ type pgBatch struct {
 }
 
 type pgQueued struct {
+	name string // what its error is named by
 	stmt pgStmt
 	args []any
 }
 
 // queue adds stmt with args, and name for its error.
 func (b *pgBatch) queue(name string, stmt pgStmt, args ...any) {
-	b.queued = append(b.queued, pgQueued{stmt: stmt, args: args})
-	b.names = append(b.names, name)
+	b.queued = append(b.queued, pgQueued{name: name, stmt: stmt, args: args})
 }
 
 func (b *pgBatch) len() int { return len(b.queued) }
@@ -110,17 +109,17 @@ func (b *pgBatch) send(ctx context.Context, pc *pgx.Conn) error {
 		return err
 	}
 	mrr := pc.PgConn().ExecBatch(ctx, &pb)
-	for _, name := range b.names {
+	for _, q := range b.queued {
 		if !mrr.NextResult() {
 			err := mrr.Close()
 			if err == nil {
 				err = errors.New("the pipeline ended before its statements")
 			}
-			return fail(name, err)
+			return fail(q.name, err)
 		}
 		if _, err := mrr.ResultReader().Close(); err != nil {
 			_ = mrr.Close()
-			return fail(name, err)
+			return fail(q.name, err)
 		}
 	}
 	return mrr.Close()
@@ -144,10 +143,10 @@ func (b *pgBatch) build(ctx context.Context, pc *pgx.Conn, pb *pgconn.Batch) err
 	for i, q := range b.queued {
 		sd, err := pc.Prepare(ctx, q.stmt.name, q.stmt.sql)
 		if err != nil {
-			return fail(b.names[i], err)
+			return fail(q.name, err)
 		}
 		if len(sd.ParamOIDs) != len(q.args) {
-			return fail(b.names[i], fmt.Errorf("%d parameters for %d arguments", len(sd.ParamOIDs), len(q.args)))
+			return fail(q.name, fmt.Errorf("%d parameters for %d arguments", len(sd.ParamOIDs), len(q.args)))
 		}
 		sds[i] = sd
 		total += len(q.args)
@@ -161,7 +160,7 @@ func (b *pgBatch) build(ctx context.Context, pc *pgx.Conn, pb *pgconn.Batch) err
 		for j, arg := range q.args {
 			var err error
 			if buf, formats[k], ends[k], err = encodeParam(m, sds[i].ParamOIDs[j], arg, buf); err != nil {
-				return fail(b.names[i], fmt.Errorf("parameter %d: %w", j+1, err))
+				return fail(q.name, fmt.Errorf("parameter %d: %w", j+1, err))
 			}
 			k++
 		}
