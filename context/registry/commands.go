@@ -347,6 +347,9 @@ func (r *Registry) admitCommand(ctx context.Context, c *command, h cheetah.Lease
 	c.frame.Traceparent = traceparent(dsc)
 	c.spans.dispatch = dispatch
 	l, err := r.admitLocked(c, h, so, wait, r.insertHold())
+	if _, lost := err.(*cheetah.LeaseLostError); lost {
+		err = r.showing(ctx, err)
+	}
 	if err != nil {
 		if c.writeSpan != nil {
 			c.writeSpan.End()

@@ -31,14 +31,15 @@ func (e *env) sendAndWait(l cheetah.Lease, name string) chan waited {
 	return done
 }
 
-func receive(t *testing.T, ch chan waited) waited {
+func receive[T any](t *testing.T, ch chan T) T {
 	t.Helper()
 	select {
 	case w := <-ch:
 		return w
 	case <-time.After(10 * time.Second):
-		t.Fatal("no resolution")
-		return waited{}
+		t.Fatal("no answer")
+		var zero T
+		return zero
 	}
 }
 

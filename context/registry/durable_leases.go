@@ -34,6 +34,7 @@ func (r *Registry) storeNew(l *lease) {
 	}
 	ch := make(chan error, 1)
 	l.durable, l.stored = ch, l.expiresAt
+	r.lastLeaseRow = ch
 	row := rowOf(l)
 	row.Kind = history.LeaseNew
 	r.write(func(err error) { ch <- err }, row)
@@ -67,7 +68,7 @@ func (r *Registry) storeGone(l *lease) {
 		return
 	}
 	ch := make(chan error, 1)
-	l.gone = ch
+	l.gone, r.lastLeaseRow = ch, ch
 	r.write(func(err error) { ch <- err }, history.DeleteLease{TokenDigest: l.key})
 }
 
@@ -87,6 +88,44 @@ func awaitStored(ctx context.Context, ch chan error) error {
 	case <-ctx.Done():
 		return cheetah.StoreUnavailable("registry: lease row", fmt.Errorf("waiting for its commit: %w", ctx.Err()))
 	}
+}
+
+// leaseRowsDurable returns once every lease row written so far, made or
+// deleted, is committed (whether or not it could be). An answer that shows
+// other leases without writing anything (a lease_lost reason, no context
+// available, a release or revoke that found no lease) waits for it before
+// it is given: the registry decides before the store commits, and a replica
+// that died between the two would leave its successors without a lease, or
+// an end, that such an answer had already shown (a send told `reassigned`
+// for a lease whose acquire never became durable). The store commits rows
+// in the order they were written, so the last one's commit covers every
+// one before it; r.mu is not held.
+func (r *Registry) leaseRowsDurable(ctx context.Context) error {
+	if !r.cfg.DurableLeases {
+		return nil
+	}
+	r.mu.Lock()
+	ch := r.lastLeaseRow
+	r.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case err := <-ch:
+		ch <- err // others may wait for the same commit
+		return nil
+	case <-ctx.Done():
+		return cheetah.StoreUnavailable("registry: lease rows", fmt.Errorf("waiting for their commit: %w", ctx.Err()))
+	}
+}
+
+// showing returns err, an answer that shows other leases, once
+// leaseRowsDurable returned, or what stopped the wait.
+func (r *Registry) showing(ctx context.Context, err error) error {
+	if werr := r.leaseRowsDurable(ctx); werr != nil {
+		return werr
+	}
+	return err
 }
 
 // AdoptOrphans takes in the leases of a connected client whose replica

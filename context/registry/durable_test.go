@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -515,6 +516,109 @@ func TestRevokeAndReleaseWaitForTheRow(t *testing.T) {
 			<-gs.deleting
 			close(gs.gate)
 			require.True(t, <-returned, "%s returned once its row was deleted", end)
+		})
+	}
+}
+
+// With durable leases, no answer shows a lease, or a lease's end, whose row
+// is not committed yet: the other replicas take over from the rows, so a
+// replica that died before the commit would leave them without what the
+// answer showed (a send told `reassigned` for a lease that no replica
+// knows after the death).
+func TestAnswersShowOnlyDurableLeaseRows(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			base := d.open(t)
+			hs := &holdingStore{Store: base}
+			e := setupOn(t, hs, base, func(c *registry.Config) { c.DurableLeases = true })
+			e.connect("a", cheetah.Console, nil, worker("w1"))
+			ctx := context.Background()
+			old := e.mustAcquire("old")
+			e.revoked(user, "a", "w1")
+
+			type answer struct {
+				name string
+				err  error
+			}
+			// held runs every call while the write begun by start has its
+			// commit held back, checks that none answers before it comes
+			// back, and returns their answers once it did.
+			held := func(start func(), calls map[string]func() error) map[string]error {
+				t.Helper()
+				hs.setHold(true)
+				start()
+				require.Eventually(t, func() bool { return hs.heldNow() == 1 }, 10*time.Second, time.Millisecond)
+				answers := make(chan answer, len(calls))
+				for name, call := range calls {
+					go func() { answers <- answer{name, call()} }()
+				}
+				select {
+				case a := <-answers:
+					t.Fatalf("%s answered (%v) while the lease row it shows was not committed", a.name, a.err)
+				case <-time.After(50 * time.Millisecond):
+				}
+				require.Equal(t, 1, hs.release())
+				got := map[string]error{}
+				for range calls {
+					a := receive(t, answers)
+					got[a.name] = a.err
+				}
+				return got
+			}
+
+			// A lease made: its acquire waits for its row, and so does
+			// every answer that shows it.
+			acquired := make(chan cheetah.Lease, 1)
+			got := held(func() {
+				go func() {
+					l, err := e.acquire("new")
+					if err != nil {
+						t.Errorf("acquire: %v", err)
+					}
+					acquired <- l
+				}()
+			}, map[string]func() error{
+				"renew": func() error { _, err := e.reg.Renew(ctx, old, 0); return err },
+				"send": func() error {
+					_, err := e.reg.Send(ctx, old, cheetah.Command{Name: "n"}, cheetah.SendOptions{})
+					return err
+				},
+				"acquire": func() error { _, err := e.acquire("other"); return err },
+			})
+			require.Equal(t, cheetah.LostReassigned, lostReason(t, got["renew"]))
+			require.Equal(t, cheetah.LostReassigned, lostReason(t, got["send"]))
+			require.Equal(t, cheetah.ReasonNoIdleWorker, noContextReason(t, got["acquire"]))
+			fresh := receive(t, acquired)
+
+			// A lease ended: its release waits for the row's deletion,
+			// and so does every answer that shows the end.
+			released := make(chan bool, 1)
+			got = held(func() {
+				go func() {
+					ok, err := e.reg.Release(ctx, fresh)
+					released <- ok && err == nil
+				}()
+			}, map[string]func() error{
+				"renew": func() error { _, err := e.reg.Renew(ctx, fresh, 0); return err },
+				"release": func() error {
+					if ok, err := e.reg.Release(ctx, fresh); ok || err != nil {
+						return fmt.Errorf("released %v: %v", ok, err)
+					}
+					return nil
+				},
+				"revoke": func() error {
+					if ok, err := e.reg.Revoke(ctx, user, "a", "w1"); ok || err != nil {
+						return fmt.Errorf("revoked %v: %v", ok, err)
+					}
+					return nil
+				},
+			})
+			require.Equal(t, cheetah.LostReleased, lostReason(t, got["renew"]))
+			require.NoError(t, got["release"])
+			require.NoError(t, got["revoke"])
+			require.True(t, receive(t, released))
 		})
 	}
 }

@@ -276,6 +276,13 @@ func (s *holdingStore) setHold(v bool) {
 	s.hold = v
 }
 
+// heldNow is how many callbacks are held.
+func (s *holdingStore) heldNow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
 func (s *holdingStore) release() int {
 	s.mu.Lock()
 	held := s.held

@@ -152,8 +152,11 @@ func (r *Registry) AcquireStandIn(ctx context.Context, req cheetah.AcquireReques
 func (r *Registry) acquireAs(ctx context.Context, req cheetah.AcquireRequest, standIn bool) (cheetah.Lease, error) {
 	ctx, span := r.tel.startAcquire(ctx)
 	l, err := r.acquire(ctx, &req, span.SpanContext(), standIn)
-	if err == nil && r.cfg.DurableLeases {
+	switch {
+	case err == nil && r.cfg.DurableLeases:
 		l, err = r.awaitLeaseRow(ctx, l)
+	case errors.Is(err, cheetah.ErrNoContextAvailable):
+		err = r.showing(ctx, err)
 	}
 	r.tel.acquired(ctx, span, &req, l, err)
 	return l, err
@@ -500,23 +503,25 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 
 // Renew extends the lease from now by ttl, or by its own TTL when ttl is
 // zero, after the same ownership check as a send.
-func (r *Registry) Renew(_ context.Context, h cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
+func (r *Registry) Renew(ctx context.Context, h cheetah.Lease, ttl time.Duration) (cheetah.Lease, error) {
 	if ttl != 0 && !validTTL(ttl) {
 		return cheetah.Lease{}, cheetah.Invalidf("%s", cheetah.MsgTTL)
 	}
 	key := keyOf(h.LeaseToken) // off the lock
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	l, err := r.checkKey(key, h)
 	if err != nil {
-		return cheetah.Lease{}, err
+		r.mu.Unlock()
+		return cheetah.Lease{}, r.showing(ctx, err)
 	}
 	if ttl != 0 {
 		l.ttl = ttl
 	}
 	r.extend(l, r.clock.Now())
 	r.emit(leaseEvent(LeaseRenewed, l))
-	return l.view(h.LeaseToken), nil
+	view := l.view(h.LeaseToken)
+	r.mu.Unlock()
+	return view, nil
 }
 
 // extend moves l's deadline to now + its TTL; r.mu is held.
@@ -544,7 +549,7 @@ func (r *Registry) Release(ctx context.Context, h cheetah.Lease) (bool, error) {
 		// bring the lease back from its row.
 		return true, awaitStored(ctx, l.gone)
 	}
-	return false, nil
+	return false, r.showing(ctx, nil)
 }
 
 // release ends the lease of digest key if h holds it; r.mu is held.
@@ -583,7 +588,7 @@ func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID strin
 	w := r.findContext(userID, clientID, contextID)
 	if w == nil || w.lease == nil {
 		r.mu.Unlock()
-		return false, nil
+		return false, r.showing(ctx, nil)
 	}
 	l := w.lease
 	r.endLease(l, cheetah.LostRevoked)

@@ -208,7 +208,10 @@ type Registry struct {
 	heap        leaseHeap                   // active leases that may expire, by deadline
 	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
 	moved       *memo[endedKey, string]     // leases handed over with their client, to the replica (handover.go)
-	commands    map[string]*command
+	// lastLeaseRow hears of the commit of the last lease row written, made
+	// or deleted (leaseRowsDurable); r.mu.
+	lastLeaseRow chan error
+	commands     map[string]*command
 	// ending holds the commands that ended and whose end is not durable yet.
 	ending        map[*command]struct{}
 	endedCommands *memo[string, endedCommand] // recently ended commands, for late messages
