@@ -18,6 +18,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cheetahbroker/cheetah/internal/heldconn"
 	"github.com/cheetahbroker/cheetah/internal/tracing"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
@@ -102,7 +103,7 @@ type Session struct {
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
-	dialer *http.Client // dials the WebSocket; nil is websocket's default
+	dialer *http.Client // dials the WebSocket
 	tracer trace.Tracer
 	// flowsMu guards flows and order, which grow when the broker asks for
 	// a new flow, and quit and workers, the current Run's.
@@ -121,6 +122,9 @@ type Agent struct {
 	sess *session        // the welcomed connection, nil while disconnected
 	up   chan struct{}   // closed while sess is set; see Connected
 	jobs map[string]*job // commands queued or running, by command id
+	acks sync.WaitGroup  // one per command whose ack is not sent yet (command.go)
+
+	ackWithin time.Duration // defaultAckWithin; other in tests
 
 	holds holdWaiters // Hold and Unhold calls waiting for hold_state (hold.go)
 }
@@ -149,14 +153,15 @@ func New(cfg Config) *Agent {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:      cfg,
-		dialer:   dialer(cfg.TLSConfig),
-		tracer:   tracing.Tracer(cfg.TracerProvider, "github.com/cheetahbroker/cheetah/agent"),
-		log:      log.With("client_id", cfg.ClientID),
-		flows:    make(map[string]*flow, cfg.Flows),
-		handlers: make(map[string]Handler),
-		up:       make(chan struct{}),
-		jobs:     make(map[string]*job),
+		cfg:       cfg,
+		dialer:    dialer(cfg.TLSConfig),
+		tracer:    tracing.Tracer(cfg.TracerProvider, "github.com/cheetahbroker/cheetah/agent"),
+		log:       log.With("client_id", cfg.ClientID),
+		flows:     make(map[string]*flow, cfg.Flows),
+		handlers:  make(map[string]Handler),
+		up:        make(chan struct{}),
+		jobs:      make(map[string]*job),
+		ackWithin: defaultAckWithin,
 	}
 	for i := 1; i <= cfg.Flows; i++ {
 		n := strconv.Itoa(i)
@@ -249,11 +254,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	err = a.connectLoop(ctx, target)
 	close(quit)
 	workers.Wait()
-	if a.dialer != nil {
-		// An upgrade the broker refused may have left a connection idle
-		// in the agent's own transport.
-		a.dialer.CloseIdleConnections()
-	}
+	a.acks.Wait() // every command ended; an ack sent on its own may be under way
+	// An upgrade the broker refused may have left a connection idle in
+	// the agent's own transport.
+	a.dialer.CloseIdleConnections()
 	return err
 }
 
@@ -427,16 +431,33 @@ func cleartextRemote(target string) bool {
 	return ip == nil || !ip.IsLoopback()
 }
 
-// dialer returns the HTTP client that dials with tc, or nil for the
-// default one when tc is nil.
+// dialer returns the HTTP client that dials the WebSocket, with tc when
+// not nil. Its connections are heldconn's, so that a session can send a
+// command's ack and its first message in one write; dial finds the one it
+// got in its context's heldSlot.
 func dialer(tc *tls.Config) *http.Client {
-	if tc == nil {
-		return nil
-	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.TLSClientConfig = tc.Clone()
+	if tc != nil {
+		t.TLSClientConfig = tc.Clone()
+	}
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second} // as http.DefaultTransport's
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		hc := heldconn.New(c)
+		if slot, ok := ctx.Value(heldSlot{}).(*atomic.Pointer[heldconn.Conn]); ok {
+			slot.Store(hc)
+		}
+		return hc, nil
+	}
 	return &http.Client{Transport: t}
 }
+
+// heldSlot is the context key under which dial learns the connection the
+// transport dialed for it.
+type heldSlot struct{}
 
 // clientURL turns the configured broker URL into the WebSocket URL of the
 // client endpoint.

@@ -237,7 +237,7 @@ func TestCommandSpanContinuesTheTrace(t *testing.T) {
 	for _, e := range sp.Events {
 		events = append(events, e.Name)
 	}
-	require.Equal(t, []string{"ack sent", "send result"}, events)
+	require.Equal(t, []string{"send ack", "send result"}, events, "a quick command's ack goes with its result")
 
 	exp.Reset()
 	cmd = command("c2", "flow-1", "fail", `{}`)

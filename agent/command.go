@@ -119,7 +119,20 @@ type job struct {
 	state   atomic.Int32
 	span    trace.Span   // the client side of the command's trace
 	log     *slog.Logger // the session's; logger names the command
+
+	// sess is the connection the command came on, which its ack goes
+	// out on: with the command's first message (sendFor), or alone once
+	// the agent's ackWithin passed (ackTimer), whichever claims acked first.
+	sess     *session
+	acked    atomic.Bool
+	ackTimer *time.Timer
 }
+
+// defaultAckWithin is how long a command's ack waits to go out in one
+// write with the command's first message, usually its result: a command
+// that ends quickly costs the agent and the broker one write and one
+// wake-up less. A command still running then is acknowledged on its own.
+const defaultAckWithin = 10 * time.Millisecond
 
 // timeoutError is the cause of a command context that hit timeout_ms.
 type timeoutError struct{ after time.Duration }
@@ -204,12 +217,13 @@ func (f *flow) serve(quit <-chan struct{}, run func(*job)) {
 // flows' workers.
 func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command) {
 	ctx, span := a.startSpan(ctx, cmd)
-	j := &job{cmd: cmd, span: span, log: s.log}
-	if err := s.write(context.Background(), &protocol.Ack{CommandID: cmd.CommandID}); err != nil {
-		j.logger(a).Warn("agent: ack failed", "err", err)
-	} else {
-		span.AddEvent("ack sent")
-	}
+	j := &job{cmd: cmd, span: span, log: s.log, sess: s}
+	a.acks.Add(1) // done by whoever claims the ack, once it is sent
+	j.ackTimer = time.AfterFunc(a.ackWithin, func() {
+		if j.acked.CompareAndSwap(false, true) {
+			a.sendAck(j)
+		}
+	})
 	f := a.flow(cmd.ContextID)
 	if f == nil {
 		a.reject(j, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
@@ -233,6 +247,9 @@ func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command
 		j.logger(a).Warn("agent: ignoring a repeated command id")
 		span.SetStatus(codes.Error, "repeated command id")
 		span.End()
+		if a.claimAck(j) {
+			a.sendAck(j)
+		}
 		j.release()
 		return
 	}
@@ -329,12 +346,7 @@ func endSpan(span trace.Span, f protocol.Frame, sent bool) {
 func (a *Agent) reject(j *job, code, msg string) {
 	cmd := j.cmd
 	j.logger(a).Warn("agent: rejecting a command", "code", code)
-	f := &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg}
-	endSpan(j.span, f, cmd.ResponseMode != protocol.ResponseNone)
-	if cmd.ResponseMode == protocol.ResponseNone {
-		return
-	}
-	a.sendTerminal(j, f)
+	a.end(j, &protocol.Error{CommandID: cmd.CommandID, Code: protocol.ErrorCode(code), Message: msg})
 }
 
 // onCancel cancels a command's context. A command still queued is answered
@@ -371,7 +383,7 @@ func (a *Agent) execute(j *job) {
 // call runs the handler, turning a panic into an error so that one bad
 // command cannot take the agent and every other command down with it.
 func (a *Agent) call(j *job) (result any, err error) {
-	out := &output{a: a, id: j.cmd.CommandID}
+	out := &output{a: a, j: j}
 	defer out.done.Store(true)
 	defer func() {
 		if v := recover(); v != nil {
@@ -393,13 +405,68 @@ func (a *Agent) finish(j *job, result any, err error) {
 	if e, ok := f.(*protocol.Error); ok {
 		j.logger(a).Info("agent: command failed", "code", e.Code, "message", e.Message)
 	}
+	a.end(j, f)
+}
+
+// end ends j's span and sends f, j's terminal message, after j's ack when
+// that has not gone out yet (a response mode none command sends only that).
+func (a *Agent) end(j *job, f protocol.Frame) {
+	ack := a.claimAck(j)
 	if j.span != nil {
+		if ack && j.span.IsRecording() {
+			j.span.AddEvent("send ack")
+		}
 		endSpan(j.span, f, j.cmd.ResponseMode != protocol.ResponseNone)
 	}
 	if j.cmd.ResponseMode == protocol.ResponseNone {
+		if ack {
+			a.sendAck(j)
+		}
 		return
 	}
-	a.sendTerminal(j, f)
+	a.sendTerminal(j, f, ack)
+}
+
+// claimAck claims j's ack for the caller, who must send it (sendAck or
+// sendFor); false when it is another's.
+func (a *Agent) claimAck(j *job) bool {
+	if !j.acked.CompareAndSwap(false, true) {
+		return false
+	}
+	j.ackTimer.Stop()
+	return true
+}
+
+// sendAck sends j's claimed ack on its own.
+func (a *Agent) sendAck(j *job) {
+	defer a.acks.Done()
+	if err := j.sess.write(context.Background(), &protocol.Ack{CommandID: j.cmd.CommandID}); err != nil {
+		j.logger(a).Warn("agent: ack failed", "err", err)
+	} else if j.span != nil {
+		j.span.AddEvent("ack sent")
+	}
+}
+
+// sendFor sends f, a message about j's command, after j's ack if ack says
+// the caller claimed it: in one write, when j's connection is still the
+// current one.
+func (a *Agent) sendFor(j *job, f protocol.Frame, ack bool) error {
+	if !ack {
+		return a.send(f)
+	}
+	a.mu.Lock()
+	cur := a.sess
+	a.mu.Unlock()
+	if cur != j.sess {
+		a.sendAck(j)
+		return a.send(f)
+	}
+	defer a.acks.Done()
+	err := cur.write(context.Background(), &protocol.Ack{CommandID: j.cmd.CommandID}, f)
+	if err != nil && !errors.Is(err, ErrTooLarge) {
+		j.logger(a).Warn("agent: ack failed", "err", err)
+	}
+	return err
 }
 
 // logger returns a logger naming the command: the session's, or the
@@ -416,9 +483,9 @@ func (j *job) logger(a *Agent) *slog.Logger {
 // sendTerminal sends a result or error frame. A result too large for the
 // broker is replaced by an error saying so, and an error whose data is too
 // large is sent without its data, so that the command still ends.
-func (a *Agent) sendTerminal(j *job, f protocol.Frame) {
+func (a *Agent) sendTerminal(j *job, f protocol.Frame, ack bool) {
 	cmd := j.cmd
-	err := a.send(f)
+	err := a.sendFor(j, f, ack)
 	if errors.Is(err, ErrTooLarge) {
 		switch f := f.(type) {
 		case *protocol.Result:
@@ -487,7 +554,7 @@ func contextCode(ctx context.Context) (protocol.ErrorCode, string) {
 // output is the Output of one command.
 type output struct {
 	a    *Agent
-	id   string
+	j    *job
 	done atomic.Bool
 }
 
@@ -496,7 +563,7 @@ func (o *output) Progress(data any) error {
 	if err != nil {
 		return fmt.Errorf("agent: progress: %w", err)
 	}
-	return o.send(&protocol.Progress{CommandID: o.id, Data: raw})
+	return o.send(&protocol.Progress{CommandID: o.j.cmd.CommandID, Data: raw})
 }
 
 func (o *output) Event(name string, data any) error {
@@ -504,18 +571,18 @@ func (o *output) Event(name string, data any) error {
 	if err != nil {
 		return fmt.Errorf("agent: event %q: %w", name, err)
 	}
-	return o.send(&protocol.Event{CommandID: o.id, Name: name, Data: raw})
+	return o.send(&protocol.Event{CommandID: o.j.cmd.CommandID, Name: name, Data: raw})
 }
 
 func (o *output) Capture(mime string, b []byte) error {
-	return o.send(protocol.NewCapture(o.id, mime, b))
+	return o.send(protocol.NewCapture(o.j.cmd.CommandID, mime, b))
 }
 
 func (o *output) send(f protocol.Frame) error {
 	if o.done.Load() {
 		return ErrCommandDone
 	}
-	return o.a.send(f)
+	return o.a.sendFor(o.j, f, o.a.claimAck(o.j))
 }
 
 // marshalData encodes a value for a frame's data field. nil means no data,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/cheetahbroker/cheetah/internal/heldconn"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -87,6 +88,7 @@ func (e *CloseError) permanent() bool {
 // session is one WebSocket connection to the broker.
 type session struct {
 	conn    *websocket.Conn
+	held    *heldconn.Conn // conn's connection; nil when the dial reused one
 	log     *slog.Logger
 	welcome protocol.Welcome
 
@@ -110,12 +112,13 @@ type session struct {
 }
 
 func dial(ctx context.Context, target string, hc *http.Client, log *slog.Logger) (*session, error) {
-	conn, _, err := websocket.Dial(ctx, target, &websocket.DialOptions{HTTPClient: hc})
+	var held atomic.Pointer[heldconn.Conn]
+	conn, _, err := websocket.Dial(context.WithValue(ctx, heldSlot{}, &held), target, &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
 		return nil, fmt.Errorf("agent: dial %s: %w", target, err)
 	}
 	conn.SetReadLimit(handshakeReadLimit)
-	s := &session{conn: conn, log: log, born: time.Now(), writeTimeout: writeTimeout}
+	s := &session{conn: conn, held: held.Load(), log: log, born: time.Now(), writeTimeout: writeTimeout}
 	s.stuck = time.AfterFunc(writeTimeout, func() { _ = conn.CloseNow() })
 	s.stuck.Stop()
 	s.touch()
@@ -290,11 +293,34 @@ func (s *session) readError(op string, err error) error {
 	return fmt.Errorf("agent: %s: %w", op, err)
 }
 
-// write sends one frame. It refuses, with ErrTooLarge, a frame larger than
-// the broker accepts, since the broker would close the connection over it.
-func (s *session) write(ctx context.Context, f protocol.Frame) error {
+// write sends frames, in order, in one write of the connection when there
+// are several. It stops at the first that fails; it refuses, with
+// ErrTooLarge, a frame larger than the broker accepts, since the broker
+// would close the connection over it.
+func (s *session) write(ctx context.Context, frames ...protocol.Frame) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	s.stuck.Reset(s.writeTimeout)
+	defer s.stuck.Stop()
+	if len(frames) > 1 && s.held != nil {
+		s.held.Hold()
+	}
+	var err error
+	for _, f := range frames {
+		if err = s.writeFrame(ctx, f); err != nil {
+			break
+		}
+	}
+	if len(frames) > 1 && s.held != nil {
+		if ferr := s.held.Flush(); err == nil && ferr != nil {
+			err = fmt.Errorf("agent: send %s: %w", frames[len(frames)-1].FrameType(), ferr)
+		}
+	}
+	return err
+}
+
+// writeFrame writes f; s.writeMu is held.
+func (s *session) writeFrame(ctx context.Context, f protocol.Frame) error {
 	// One buffer serves every frame: the library has copied a frame out by
 	// the time Write returns.
 	b, err := protocol.Append(s.wbuf[:0], f)
@@ -306,10 +332,7 @@ func (s *session) write(ctx context.Context, f protocol.Frame) error {
 		return fmt.Errorf("agent: send %s of %d bytes (limit %d): %w",
 			f.FrameType(), len(b), limit, ErrTooLarge)
 	}
-	s.stuck.Reset(s.writeTimeout)
-	err = s.conn.Write(ctx, websocket.MessageText, b)
-	s.stuck.Stop()
-	if err != nil {
+	if err := s.conn.Write(ctx, websocket.MessageText, b); err != nil {
 		return fmt.Errorf("agent: send %s: %w", f.FrameType(), err)
 	}
 	return nil

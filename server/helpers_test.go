@@ -3,8 +3,10 @@ package server_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +38,32 @@ type broker struct {
 	clock    *clockwork.FakeClock // the server's clock: hello timeout, heartbeats
 	adminKey string
 	appKey   string
-	client   string // a client key of user
+	client   string       // a client key of user
+	writes   atomic.Int64 // writes of the server's connections
+}
+
+// countingListener counts, in n, the writes of the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, l.n}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
 }
 
 func setup(t *testing.T, tweak ...func(*server.Config)) *broker {
@@ -71,8 +98,13 @@ func setupOn(t *testing.T, store *history.Store, tweak ...func(*server.Config)) 
 	}
 	srv, err := server.New(cfg)
 	require.NoError(t, err)
-	hs := httptest.NewServer(srv.Handler())
-	b := &broker{t: t, srv: srv, http: hs, reg: reg, store: store, keys: keys, clock: clock}
+	// Served as cheetah serve serves: writes held (HoldWrites), here over
+	// connections that count their writes.
+	b := &broker{t: t, srv: srv, reg: reg, store: store, keys: keys, clock: clock}
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Listener = server.HoldWrites(hs.Config, countingListener{hs.Listener, &b.writes})
+	hs.Start()
+	b.http = hs
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

@@ -18,6 +18,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/internal/heldconn"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -33,10 +34,11 @@ const CodeTooManyContexts protocol.ErrorCode = "too_many_contexts"
 // client that does not read is cut off once its queue passes the bound,
 // instead of slowing anyone else.
 type session struct {
-	srv *Server
-	ws  *websocket.Conn
-	id  string
-	log *slog.Logger
+	srv  *Server
+	ws   *websocket.Conn
+	held *heldconn.Conn // ws's connection, when the server holds writes (HoldWrites)
+	id   string
+	log  *slog.Logger
 
 	mu sync.Mutex
 	// queue holds the frames not yet taken by a writer; queued and
@@ -259,6 +261,12 @@ func (s *session) writeLoop() {
 		s.mu.Unlock()
 
 		bytes := 0
+		// A batch of several items goes out in one write of the
+		// connection; the write timer covers the flush.
+		hold := s.held != nil && (len(batch) > 1 || batch[0].notices != nil)
+		if hold {
+			s.held.Hold()
+		}
 		for i := range batch {
 			it := &batch[i]
 			bytes += it.size
@@ -271,6 +279,12 @@ func (s *session) writeLoop() {
 				}
 				continue
 			}
+			if it.close != nil && hold {
+				hold = false
+				if !s.flushHeld(timer) {
+					return
+				}
+			}
 			if !s.write(timer, it.frame, buf) {
 				s.fail()
 				return
@@ -279,6 +293,9 @@ func (s *session) writeLoop() {
 				s.closeWritten(it.close)
 				return
 			}
+		}
+		if hold && !s.flushHeld(timer) {
+			return
 		}
 		s.mu.Lock()
 		s.queued -= len(batch)
@@ -308,6 +325,20 @@ func (s *session) write(timer *time.Timer, f protocol.Frame, buf *[]byte) bool {
 		return false
 	}
 	s.srv.tel.frame(f.FrameType(), dirOut)
+	return true
+}
+
+// flushHeld writes what the connection held, within the write timeout; on
+// failure it ends the session and answers false.
+func (s *session) flushHeld(timer *time.Timer) bool {
+	timer.Reset(s.srv.cfg.WriteTimeout)
+	err := s.held.Flush()
+	timer.Stop()
+	if err != nil {
+		s.log.Debug("write frames", "err", err)
+		s.fail()
+		return false
+	}
 	return true
 }
 
@@ -370,7 +401,7 @@ func (s *Server) handleClient(w http.ResponseWriter, r *http.Request) {
 	// library's own 1009.
 	ws.SetReadLimit(-1)
 	sess.mu.Lock()
-	sess.ws = ws
+	sess.ws, sess.held = ws, heldOf(r.Context())
 	sess.mu.Unlock()
 	if !s.track(sess) {
 		hello.Stop()

@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -249,4 +251,48 @@ func TestClientThatStopsReading(t *testing.T) {
 	cmd := next[*protocol.Command](healthy)
 	healthy.send(&protocol.Result{CommandID: cmd.CommandID})
 	require.Equal(t, cheetah.StatusCompleted, (<-done).Status)
+}
+
+// Frames queued for a client while its writer is busy go out together, in
+// one write of the connection: bursts of commands take fewer writes than
+// frames (a burst whose sends never overlapped a write is tried again).
+func TestQueuedFramesGoOutInOneWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const contexts, each = 8, 10
+	var ids []string
+	for i := range contexts {
+		ids = append(ids, fmt.Sprintf("w%d", i))
+	}
+	c := b.connectAgent("a", ids...)
+	var leases []cheetah.Lease
+	for range contexts {
+		l, err := b.reg.Acquire(ctx, cheetah.AcquireRequest{UserID: user, TaskID: "t", ClientType: cheetah.Console})
+		require.NoError(t, err)
+		leases = append(leases, l)
+		next[*protocol.Assignment](c)
+	}
+	for burst := range 20 {
+		before := b.writes.Load()
+		var wg sync.WaitGroup
+		for _, l := range leases {
+			wg.Go(func() {
+				for range each {
+					if _, err := b.reg.Send(ctx, l, cheetah.Command{Name: "x"}, cheetah.SendOptions{}); err != nil {
+						t.Errorf("send: %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for range contexts * each {
+			next[*protocol.Command](c)
+		}
+		if writes := b.writes.Load() - before; writes < contexts*each {
+			t.Logf("burst %d: %d commands in %d writes", burst, contexts*each, writes)
+			return
+		}
+	}
+	t.Fatal("every command frame took a write of its own")
 }

@@ -135,6 +135,7 @@ func (c *serveCmd) Run() error {
 	front := server.NewStarting(tel.MetricsHandler())
 	httpSrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	ln = server.HoldWrites(httpSrv, ln)
 	errc := make(chan error, 1)
 	if certs != nil {
 		httpSrv.TLSConfig = certs.TLSConfig()

@@ -131,6 +131,7 @@ func Start(ctx context.Context, o Options) (*Broker, error) {
 		b.AppKey, b.ClientKey = app.Secret, client.Secret
 	}
 	b.srv = &http.Server{Handler: b.B.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	ln = server.HoldWrites(b.srv, ln) // as cheetah serve does
 	go func() {
 		defer close(b.served)
 		_ = b.srv.Serve(ln)
