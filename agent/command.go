@@ -122,9 +122,12 @@ type job struct {
 
 	// sess is the connection the command came on, which its ack goes
 	// out on: with the command's first message (sendFor), or alone once
-	// the agent's ackWithin passed (ackTimer), whichever claims acked first.
+	// the agent's ackWithin passed (ackTimer), whichever takes it first
+	// (takeAck). ackMu guards acked and ackTimer, and is held by the one
+	// who took the ack until it is sent.
 	sess     *session
-	acked    atomic.Bool
+	ackMu    sync.Mutex
+	acked    bool
 	ackTimer *time.Timer
 }
 
@@ -218,12 +221,14 @@ func (f *flow) serve(quit <-chan struct{}, run func(*job)) {
 func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command) {
 	ctx, span := a.startSpan(ctx, cmd)
 	j := &job{cmd: cmd, span: span, log: s.log, sess: s}
-	a.acks.Add(1) // done by whoever claims the ack, once it is sent
+	a.acks.Add(1) // done by whoever takes the ack, once it is sent
+	j.ackMu.Lock()
 	j.ackTimer = time.AfterFunc(a.ackWithin, func() {
-		if j.acked.CompareAndSwap(false, true) {
+		if a.takeAck(j) {
 			a.sendAck(j)
 		}
 	})
+	j.ackMu.Unlock()
 	f := a.flow(cmd.ContextID)
 	if f == nil {
 		a.reject(j, CodeUnknownContext, fmt.Sprintf("this agent has no context %q", cmd.ContextID))
@@ -247,7 +252,7 @@ func (a *Agent) onCommand(ctx context.Context, s *session, cmd *protocol.Command
 		j.logger(a).Warn("agent: ignoring a repeated command id")
 		span.SetStatus(codes.Error, "repeated command id")
 		span.End()
-		if a.claimAck(j) {
+		if a.takeAck(j) {
 			a.sendAck(j)
 		}
 		j.release()
@@ -411,7 +416,7 @@ func (a *Agent) finish(j *job, result any, err error) {
 // end ends j's span and sends f, j's terminal message, after j's ack when
 // that has not gone out yet (a response mode none command sends only that).
 func (a *Agent) end(j *job, f protocol.Frame) {
-	ack := a.claimAck(j)
+	ack := a.takeAck(j)
 	if j.span != nil {
 		if ack && j.span.IsRecording() {
 			j.span.AddEvent("send ack")
@@ -427,19 +432,29 @@ func (a *Agent) end(j *job, f protocol.Frame) {
 	a.sendTerminal(j, f, ack)
 }
 
-// claimAck claims j's ack for the caller, who must send it (sendAck or
-// sendFor); false when it is another's.
-func (a *Agent) claimAck(j *job) bool {
-	if !j.acked.CompareAndSwap(false, true) {
+// takeAck reports whether the caller is to send j's ack (with sendAck or
+// sendFor). When another took it, it returns once that one has sent it, so
+// that nothing about the command goes out before its ack.
+func (a *Agent) takeAck(j *job) bool {
+	j.ackMu.Lock()
+	if j.acked {
+		j.ackMu.Unlock()
 		return false
 	}
-	j.ackTimer.Stop()
+	j.acked = true
+	j.ackTimer.Stop() // from the timer itself, harmless
 	return true
 }
 
-// sendAck sends j's claimed ack on its own.
+// ackSent ends what takeAck began.
+func (a *Agent) ackSent(j *job) {
+	j.ackMu.Unlock()
+	a.acks.Done()
+}
+
+// sendAck sends j's ack, which the caller took, on its own.
 func (a *Agent) sendAck(j *job) {
-	defer a.acks.Done()
+	defer a.ackSent(j)
 	if err := j.sess.write(context.Background(), &protocol.Ack{CommandID: j.cmd.CommandID}); err != nil {
 		j.logger(a).Warn("agent: ack failed", "err", err)
 	} else if j.span != nil {
@@ -448,7 +463,7 @@ func (a *Agent) sendAck(j *job) {
 }
 
 // sendFor sends f, a message about j's command, after j's ack if ack says
-// the caller claimed it: in one write, when j's connection is still the
+// the caller took it: in one write, when j's connection is still the
 // current one.
 func (a *Agent) sendFor(j *job, f protocol.Frame, ack bool) error {
 	if !ack {
@@ -461,7 +476,7 @@ func (a *Agent) sendFor(j *job, f protocol.Frame, ack bool) error {
 		a.sendAck(j)
 		return a.send(f)
 	}
-	defer a.acks.Done()
+	defer a.ackSent(j)
 	err := cur.write(context.Background(), &protocol.Ack{CommandID: j.cmd.CommandID}, f)
 	if err != nil && !errors.Is(err, ErrTooLarge) {
 		j.logger(a).Warn("agent: ack failed", "err", err)
@@ -582,7 +597,7 @@ func (o *output) send(f protocol.Frame) error {
 	if o.done.Load() {
 		return ErrCommandDone
 	}
-	return o.a.sendFor(o.j, f, o.a.claimAck(o.j))
+	return o.a.sendFor(o.j, f, o.a.takeAck(o.j))
 }
 
 // marshalData encodes a value for a frame's data field. nil means no data,
