@@ -463,8 +463,8 @@ func (a *Agent) sendAck(j *job) {
 }
 
 // sendFor sends f, a message about j's command, after j's ack if ack says
-// the caller took it: in one write, when j's connection is still the
-// current one.
+// the caller took it, in one write on the current connection (the broker
+// knows a command by its client, not by the connection it came on).
 func (a *Agent) sendFor(j *job, f protocol.Frame, ack bool) error {
 	if !ack {
 		return a.send(f)
@@ -472,9 +472,9 @@ func (a *Agent) sendFor(j *job, f protocol.Frame, ack bool) error {
 	a.mu.Lock()
 	cur := a.sess
 	a.mu.Unlock()
-	if cur != j.sess {
-		a.sendAck(j)
-		return a.send(f)
+	if cur == nil {
+		a.sendAck(j) // on the connection it came on, which says why not
+		return ErrNotConnected
 	}
 	defer a.ackSent(j)
 	err := cur.write(context.Background(), &protocol.Ack{CommandID: j.cmd.CommandID}, f)

@@ -119,7 +119,12 @@ func dial(ctx context.Context, target string, hc *http.Client, log *slog.Logger)
 	}
 	conn.SetReadLimit(handshakeReadLimit)
 	s := &session{conn: conn, held: held.Load(), log: log, born: time.Now(), writeTimeout: writeTimeout}
-	s.stuck = time.AfterFunc(writeTimeout, func() { _ = conn.CloseNow() })
+	s.stuck = time.AfterFunc(writeTimeout, func() {
+		if s.held != nil {
+			_ = s.held.Conn.Close() // a TLS close would wait for a stuck flush
+		}
+		_ = conn.CloseNow()
+	})
 	s.stuck.Stop()
 	s.touch()
 	return s, nil

@@ -245,7 +245,14 @@ func (s *session) writeLoop() {
 	// writes themselves take a context that is never done, which spares
 	// the library arming a cancellation for each one.
 	if s.writeTimer == nil {
-		s.writeTimer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() { s.ws.CloseNow() })
+		s.writeTimer = time.AfterFunc(s.srv.cfg.WriteTimeout, func() {
+			if s.held != nil {
+				// First the socket itself: a TLS close would wait for the
+				// stuck flush to send its alert.
+				_ = s.held.Conn.Close()
+			}
+			s.ws.CloseNow()
+		})
 		s.writeTimer.Stop()
 	}
 	timer := s.writeTimer
@@ -265,7 +272,11 @@ func (s *session) writeLoop() {
 		// connection; the write timer covers the flush.
 		hold := s.held != nil && (len(batch) > 1 || batch[0].notices != nil)
 		if hold {
+			// Hold waits for a write of the library's own (a ping) that
+			// may be stuck: within the write timeout too.
+			timer.Reset(s.srv.cfg.WriteTimeout)
 			s.held.Hold()
+			timer.Stop()
 		}
 		for i := range batch {
 			it := &batch[i]

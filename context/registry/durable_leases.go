@@ -91,15 +91,16 @@ func awaitStored(ctx context.Context, ch chan error) error {
 }
 
 // leaseRowsDurable returns once every lease row written so far, made or
-// deleted, is committed (whether or not it could be). An answer that shows
-// other leases without writing anything (a lease_lost reason, no context
-// available, a release or revoke that found no lease) waits for it before
-// it is given: the registry decides before the store commits, and a replica
-// that died between the two would leave its successors without a lease, or
-// an end, that such an answer had already shown (a send told `reassigned`
-// for a lease whose acquire never became durable). The store commits rows
-// in the order they were written, so the last one's commit covers every
-// one before it; r.mu is not held.
+// deleted, is committed, or fails with store_unavailable when the store
+// cannot say so. An answer that shows other leases without writing
+// anything (a lease_lost reason, no context available, a release or
+// revoke that found no lease) waits for it before it is given: the
+// registry decides before the store commits, and a replica that died
+// between the two would leave its successors without a lease, or an end,
+// that such an answer had already shown (a send told `reassigned` for a
+// lease whose acquire never became durable). The store commits rows in the
+// order they were written, so the last one's commit covers every one
+// before it; r.mu is not held.
 func (r *Registry) leaseRowsDurable(ctx context.Context) error {
 	if !r.cfg.DurableLeases {
 		return nil
@@ -110,13 +111,23 @@ func (r *Registry) leaseRowsDurable(ctx context.Context) error {
 	if ch == nil {
 		return nil
 	}
+	var err error
 	select {
-	case err := <-ch:
+	case err = <-ch:
 		ch <- err // others may wait for the same commit
-		return nil
 	case <-ctx.Done():
 		return cheetah.StoreUnavailable("registry: lease rows", fmt.Errorf("waiting for their commit: %w", ctx.Err()))
 	}
+	if err == nil {
+		return nil
+	}
+	// The row did not commit (the database did not answer; the store holds
+	// it for later): the answer waits until the store has written
+	// everything enqueued so far, held writes included, or says it cannot.
+	if werr := r.store.Write(ctx); werr != nil {
+		return cheetah.StoreUnavailable("registry: lease rows", werr)
+	}
+	return nil
 }
 
 // showing returns err, an answer that shows other leases, once

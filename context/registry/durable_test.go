@@ -494,7 +494,7 @@ func (s *deleteGated) WriteAsync(done func(error), ops ...history.Op) {
 // a release does: a replica that dies right after cannot bring it back.
 func TestRevokeAndReleaseWaitForTheRow(t *testing.T) {
 	t.Parallel()
-	for _, end := range []string{"revoke", "release"} {
+	for _, end := range []string{"revoke", "release", "release-all"} {
 		t.Run(end, func(t *testing.T) {
 			t.Parallel()
 			base := historytest.NewSQLite(t)
@@ -506,10 +506,15 @@ func TestRevokeAndReleaseWaitForTheRow(t *testing.T) {
 			go func() {
 				var ok bool
 				var err error
-				if end == "revoke" {
+				switch end {
+				case "revoke":
 					ok, err = e.reg.Revoke(context.Background(), user, "a", "w1")
-				} else {
+				case "release":
 					ok, err = e.reg.Release(context.Background(), l)
+				default:
+					var n int
+					n, err = e.reg.ReleaseAll(context.Background(), []string{l.LeaseToken})
+					ok = n == 1
 				}
 				returned <- err == nil && ok && gs.committed.Load()
 			}()
@@ -621,4 +626,56 @@ func TestAnswersShowOnlyDurableLeaseRows(t *testing.T) {
 			require.True(t, receive(t, released))
 		})
 	}
+}
+
+// outageStore is a history store whose lease deletions fail as during an
+// outage (the store holds them), and whose barrier Write fails while down.
+type outageStore struct {
+	*history.Store
+	down atomic.Bool
+}
+
+var errOutage = errors.New("the database does not answer")
+
+func (s *outageStore) WriteAsync(done func(error), ops ...history.Op) {
+	for _, op := range ops {
+		if _, ok := op.(history.DeleteLease); ok && s.down.Load() {
+			done(errOutage)
+			return
+		}
+	}
+	s.Store.WriteAsync(done, ops...)
+}
+
+func (s *outageStore) Write(ctx context.Context, ops ...history.Op) error {
+	if len(ops) == 0 && s.down.Load() {
+		return errOutage
+	}
+	return s.Store.Write(ctx, ops...)
+}
+
+// An end whose row did not commit is not shown while the store cannot
+// write what it holds: the answers that would show it are
+// store_unavailable until it can.
+func TestAnswersWaitOutAFailedLeaseRow(t *testing.T) {
+	t.Parallel()
+	base := historytest.NewSQLite(t)
+	st := &outageStore{Store: base}
+	e := setupOn(t, st, base, func(c *registry.Config) { c.DurableLeases = true })
+	e.connect("a", cheetah.Console, nil, worker("w1"))
+	ctx := context.Background()
+	l := e.mustAcquire("t")
+
+	st.down.Store(true)
+	_, err := e.reg.Release(ctx, l)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "the release's row did not commit")
+	_, err = e.reg.Renew(ctx, l, 0)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "not lease_lost: the end is not durable")
+	ok, err := e.reg.Release(ctx, l)
+	require.False(t, ok)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+
+	st.down.Store(false)
+	_, err = e.reg.Renew(ctx, l, 0)
+	require.Equal(t, cheetah.LostReleased, lostReason(t, err), "once the store writes again")
 }

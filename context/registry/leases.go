@@ -562,21 +562,30 @@ func (r *Registry) release(key tokenKey, h cheetah.Lease) bool {
 	return true
 }
 
-// ReleaseAll releases every token and returns how many leases it cleared.
-func (r *Registry) ReleaseAll(_ context.Context, tokens []string) (int, error) {
+// ReleaseAll releases every token and returns how many leases it cleared,
+// once their rows are deleted (with durable leases), as Release does.
+func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error) {
 	keys := make([]tokenKey, len(tokens))
 	for i, t := range tokens {
 		keys[i] = keyOf(t)
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
+	var ended []*lease
 	for i := range tokens {
+		l := r.leases[keys[i]]
 		if r.release(keys[i], cheetah.Lease{LeaseToken: tokens[i]}) {
-			n++
+			ended = append(ended, l)
 		}
 	}
-	return n, nil
+	r.mu.Unlock()
+	// As a release: told once no replica could bring them back, and the
+	// tokens it found no lease for, once that is durable too.
+	for _, l := range ended {
+		if err := awaitStored(ctx, l.gone); err != nil {
+			return 0, err
+		}
+	}
+	return len(ended), r.showing(ctx, nil)
 }
 
 // Revoke ends the lease on a context, if any, with reason revoked, and tells
