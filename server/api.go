@@ -455,6 +455,11 @@ func (s *Server) leaseWait(c *gin.Context) {
 	defer t.Stop()
 	select {
 	case r := <-ended:
+		// The end is decided before its row commits: told once it has.
+		if err := s.reg.LeaseRowsDurable(c.Request.Context()); err != nil {
+			s.fail(c, err)
+			return
+		}
 		s.fail(c, &cheetah.LeaseLostError{Reason: r})
 	case <-t.C:
 		c.JSON(http.StatusOK, cheetah.LeaseWaitAnswer{Alive: true})

@@ -87,8 +87,16 @@ func onBothStores(t *testing.T, f func(t *testing.T, b *broker), tweak ...func(*
 // setupOn is setup on a given store.
 func setupOn(t *testing.T, store *history.Store, tweak ...func(*server.Config)) *broker {
 	t.Helper()
+	return setupRegistry(t, store, registry.Config{Store: store}, tweak...)
+}
+
+// setupRegistry is setupOn with the registry made from rc (its reconnect
+// grace set), whose Store may wrap store.
+func setupRegistry(t *testing.T, store *history.Store, rc registry.Config, tweak ...func(*server.Config)) *broker {
+	t.Helper()
 	ctx := context.Background()
-	reg, err := registry.New(ctx, registry.Config{Store: store, ReconnectGrace: 5 * time.Second})
+	rc.ReconnectGrace = 5 * time.Second
+	reg, err := registry.New(ctx, rc)
 	require.NoError(t, err)
 	keys := auth.New(store, "", time.Now)
 	clock := clockwork.NewFakeClock()

@@ -20,7 +20,7 @@ import (
 // the registry wakes for it (its spans were ended by Close), and no
 // goroutine of the registry is left. Not parallel: it counts goroutines.
 func TestCloseJoinsEverything(t *testing.T) {
-	hs := &holdingStore{Store: historytest.NewSQLite(t)}
+	hs := &historytest.Holding{Store: historytest.NewSQLite(t)}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -56,7 +56,7 @@ func TestCloseJoinsEverything(t *testing.T) {
 	stopEvents()
 	// One command ends; the store has not said it committed when Close
 	// comes. The other is still in flight.
-	hs.setHold(true)
+	hs.SetHold(true)
 	e.result(c, f1.CommandID, `{}`)
 	_ = f2
 	e.reg.Close()
@@ -66,7 +66,7 @@ func TestCloseJoinsEverything(t *testing.T) {
 	require.Equal(t, cheetah.StatusInterrupted, o.res.Status, "Close resolves what is in flight")
 	// The store commits the first end now.
 	require.NoError(t, hs.Store.Write(ctx), "everything handed over is written")
-	require.NotZero(t, hs.release())
+	require.NotZero(t, hs.Release())
 	o = <-done
 	require.NoError(t, o.err)
 	require.Equal(t, cheetah.StatusCompleted, o.res.Status, "the caller still learns the end once durable")

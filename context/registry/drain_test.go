@@ -14,6 +14,7 @@ import (
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/history/historytest"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -137,14 +138,14 @@ func TestWaitIdle(t *testing.T) {
 // only once the record is durable too.
 func TestInterruptWhileWriting(t *testing.T) {
 	t.Parallel()
-	hs := &holdingStore{}
+	hs := &historytest.Holding{}
 	e := setup(t, func(cfg *registry.Config) {
 		hs.Store = cfg.Store.(*history.Store)
 		cfg.Store = hs
 	})
 	c := e.connect("a", cheetah.Console, nil, worker("w1"))
 	l := e.mustAcquire("t")
-	hs.setHold(true)
+	hs.SetHold(true)
 	done := e.sendAndWait(l, "pending")
 	f := cmdFrame(t, c, 1)
 
@@ -160,7 +161,7 @@ func TestInterruptWhileWriting(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	require.NoError(t, hs.Store.Write(context.Background()), "everything handed over is written")
-	hs.release()
+	hs.Release()
 	w := receive(t, done)
 	require.NoError(t, w.err)
 	require.Equal(t, cheetah.StatusInterrupted, w.res.Status)

@@ -130,6 +130,11 @@ func (r *Registry) leaseRowsDurable(ctx context.Context) error {
 	return nil
 }
 
+// LeaseRowsDurable returns once every lease row written so far is
+// committed (see leaseRowsDurable): for an answer outside the registry
+// that shows a lease's end, as the HTTP lease wait's.
+func (r *Registry) LeaseRowsDurable(ctx context.Context) error { return r.leaseRowsDurable(ctx) }
+
 // showing returns err, an answer that shows other leases, once
 // leaseRowsDurable returned, or what stopped the wait.
 func (r *Registry) showing(ctx context.Context, err error) error {

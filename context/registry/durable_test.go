@@ -97,7 +97,7 @@ func TestSendIDDurableWhenReturned(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			base := d.open(t)
-			hs := &holdingStore{Store: base}
+			hs := &historytest.Holding{Store: base}
 			e := setupOn(t, hs, base)
 			c := e.connect("a", cheetah.Console, nil, worker("w1"))
 			l := e.mustAcquire("t")
@@ -111,7 +111,7 @@ func TestSendIDDurableWhenReturned(t *testing.T) {
 				require.NotNil(t, rec.DispatchedAt)
 			}
 
-			hs.setHold(true)
+			hs.SetHold(true)
 			sent := make(chan error, 1)
 			go func() {
 				_, err := e.reg.Send(ctx, l, cheetah.Command{Name: "held"}, cheetah.SendOptions{})
@@ -125,7 +125,7 @@ func TestSendIDDurableWhenReturned(t *testing.T) {
 			case <-time.After(50 * time.Millisecond):
 			}
 			require.NoError(t, base.Write(ctx))
-			hs.release()
+			hs.Release()
 			require.NoError(t, <-sent)
 		})
 	}
@@ -140,13 +140,13 @@ func TestOnAdmittedAndResolutionWaitForDurability(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			base := d.open(t)
-			hs := &holdingStore{Store: base}
+			hs := &historytest.Holding{Store: base}
 			e := setupOn(t, hs, base)
 			c := e.connect("a", cheetah.Console, nil, worker("w1"))
 			l := e.mustAcquire("t")
 			ctx := context.Background()
 
-			hs.setHold(true)
+			hs.SetHold(true)
 			admitted := make(chan error, 1)
 			done := make(chan waited, 1)
 			go func() {
@@ -168,7 +168,7 @@ func TestOnAdmittedAndResolutionWaitForDurability(t *testing.T) {
 			case <-time.After(50 * time.Millisecond):
 			}
 			require.NoError(t, base.Write(ctx))
-			hs.release()
+			hs.Release()
 			require.NoError(t, <-admitted, "the record reads back inside OnAdmitted")
 			w := receive(t, done)
 			require.NoError(t, w.err)
@@ -536,7 +536,7 @@ func TestAnswersShowOnlyDurableLeaseRows(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			base := d.open(t)
-			hs := &holdingStore{Store: base}
+			hs := &historytest.Holding{Store: base}
 			e := setupOn(t, hs, base, func(c *registry.Config) { c.DurableLeases = true })
 			e.connect("a", cheetah.Console, nil, worker("w1"))
 			ctx := context.Background()
@@ -552,9 +552,9 @@ func TestAnswersShowOnlyDurableLeaseRows(t *testing.T) {
 			// back, and returns their answers once it did.
 			held := func(start func(), calls map[string]func() error) map[string]error {
 				t.Helper()
-				hs.setHold(true)
+				hs.SetHold(true)
 				start()
-				require.Eventually(t, func() bool { return hs.heldNow() == 1 }, 10*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return hs.Held() == 1 }, 10*time.Second, time.Millisecond)
 				answers := make(chan answer, len(calls))
 				for name, call := range calls {
 					go func() { answers <- answer{name, call()} }()
@@ -564,7 +564,7 @@ func TestAnswersShowOnlyDurableLeaseRows(t *testing.T) {
 					t.Fatalf("%s answered (%v) while the lease row it shows was not committed", a.name, a.err)
 				case <-time.After(50 * time.Millisecond):
 				}
-				require.Equal(t, 1, hs.release())
+				require.Equal(t, 1, hs.Release())
 				got := map[string]error{}
 				for range calls {
 					a := receive(t, answers)

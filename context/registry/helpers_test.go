@@ -241,59 +241,6 @@ func setupFaulty(t *testing.T, tweak ...func(*registry.Config)) (*env, *faultySt
 	return e, fs
 }
 
-// holdingStore is a history store whose WriteAsync callbacks are held, once
-// hold is set, until release: as if the store took its time to commit.
-type holdingStore struct {
-	*history.Store
-	mu   sync.Mutex
-	hold bool
-	held []func()
-}
-
-func (s *holdingStore) WriteAsync(done func(error), ops ...history.Op) {
-	s.Store.WriteAsync(func(err error) {
-		s.mu.Lock()
-		if s.hold {
-			s.held = append(s.held, func() {
-				if done != nil {
-					done(err)
-				}
-			})
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Unlock()
-		if done != nil {
-			done(err)
-		}
-	}, ops...)
-}
-
-// setHold holds callbacks from now on; release runs those held.
-func (s *holdingStore) setHold(v bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hold = v
-}
-
-// heldNow is how many callbacks are held.
-func (s *holdingStore) heldNow() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.held)
-}
-
-func (s *holdingStore) release() int {
-	s.mu.Lock()
-	held := s.held
-	s.held, s.hold = nil, false
-	s.mu.Unlock()
-	for _, f := range held {
-		f()
-	}
-	return len(held)
-}
-
 // blockingWrites is a history store whose WriteAsync blocks until gate is
 // closed, as the writer's does while its queue is full.
 type blockingWrites struct {
