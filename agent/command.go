@@ -418,7 +418,7 @@ func (a *Agent) finish(j *job, result any, err error) {
 func (a *Agent) end(j *job, f protocol.Frame) {
 	ack := a.takeAck(j)
 	if j.span != nil {
-		if ack && j.span.IsRecording() {
+		if ack {
 			j.span.AddEvent("send ack")
 		}
 		endSpan(j.span, f, j.cmd.ResponseMode != protocol.ResponseNone)

@@ -111,15 +111,9 @@ func (r *Registry) leaseRowsDurable(ctx context.Context) error {
 	if ch == nil {
 		return nil
 	}
-	var err error
-	select {
-	case err = <-ch:
-		ch <- err // others may wait for the same commit
-	case <-ctx.Done():
-		return cheetah.StoreUnavailable("registry: lease rows", fmt.Errorf("waiting for their commit: %w", ctx.Err()))
-	}
-	if err == nil {
-		return nil
+	err := awaitStored(ctx, ch)
+	if err == nil || ctx.Err() != nil {
+		return err
 	}
 	// The row did not commit (the database did not answer; the store holds
 	// it for later): the answer waits until the store has written

@@ -570,22 +570,19 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 		keys[i] = keyOf(t)
 	}
 	r.mu.Lock()
-	var ended []*lease
+	n := 0
 	for i := range tokens {
-		l := r.leases[keys[i]]
 		if r.release(keys[i], cheetah.Lease{LeaseToken: tokens[i]}) {
-			ended = append(ended, l)
+			n++
 		}
 	}
 	r.mu.Unlock()
-	// As a release: told once no replica could bring them back, and the
-	// tokens it found no lease for, once that is durable too.
-	for _, l := range ended {
-		if err := awaitStored(ctx, l.gone); err != nil {
-			return 0, err
-		}
+	// Told once the rows of what it released (the last lease rows written
+	// when it decided), and of what it found ended, are deleted.
+	if err := r.leaseRowsDurable(ctx); err != nil {
+		return 0, err
 	}
-	return len(ended), r.showing(ctx, nil)
+	return n, nil
 }
 
 // Revoke ends the lease on a context, if any, with reason revoked, and tells
