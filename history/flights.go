@@ -27,11 +27,12 @@ type flight struct {
 	// not answering, if it did not.
 	outcome []error
 	err     error
+	told    bool // the flight told its callers itself
 }
 
 // take makes f the flight of batch.
 func (f *flight) take(batch []request, seen uint64) {
-	f.batch, f.seen, f.err = batch, seen, nil
+	f.batch, f.seen, f.err, f.told = batch, seen, nil, false
 	if f.keys == nil {
 		f.keys = make(map[string]struct{})
 	}
@@ -56,7 +57,9 @@ func (f *flight) shares(batch []request) bool {
 }
 
 // write writes f's batch as commit does, recording the outcomes instead of
-// telling the callers: only the writer goroutine tells them (land).
+// telling the callers: the flight tells them once the database answered,
+// and the writer goroutine otherwise (land), after what the failure does
+// to health and to the held writes.
 func (s *Store) write(f *flight) {
 	f.outcome = append(f.outcome[:0], make([]error, len(f.batch))...)
 	heard := 0
@@ -116,6 +119,17 @@ func (s *Store) dispatch(batch []request) {
 	s.flying = append(s.flying, f)
 	go func() {
 		s.write(f)
+		if f.err == nil {
+			// The database answered: no write of the flight's is held
+			// and health has nothing to say first, so its callers hear
+			// now rather than after a wake-up of the writer goroutine.
+			// Its ops share no command with the other flight's, whose
+			// callers may hear at the same time.
+			for i, r := range f.batch {
+				r.done(f.outcome[i])
+			}
+			f.told = true
+		}
 		s.landed <- f
 	}()
 }
@@ -148,8 +162,10 @@ func (s *Store) land(f *flight) {
 		}
 	}
 	s.noteHealth(f.err, f.seen)
-	for i, r := range f.batch {
-		s.finish(r, f.outcome[i])
+	if !f.told {
+		for i, r := range f.batch {
+			s.finish(r, f.outcome[i])
+		}
 	}
 	clear(f.batch) // let go of the ops
 	f.batch = nil

@@ -187,3 +187,38 @@ func TestPostgresFailedFlightKeepsItsPlace(t *testing.T) {
 	require.Eventually(t, func() bool { return f.s.Stats().Held == 0 && f.s.Health() == nil }, 10*time.Second, 10*time.Millisecond)
 	f.requireHeldBatchFirst(t)
 }
+
+// TestPostgresFlightTellsItsCallers: a batch in flight that the database
+// answered tells its own callers, so a caller that takes its time to hear
+// one batch's outcome does not hold up the callers of the batch beside it
+// (which the writer goroutine would, telling them one batch after the
+// other).
+func TestPostgresFlightTellsItsCallers(t *testing.T) {
+	t.Parallel()
+	s := historytest.NewPostgres(t)
+	x, y := insertCommand(t, s), insertCommand(t, s)
+
+	hearing, slow := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(slow) }) }) // before the store closes
+	s.WriteAsync(func(err error) {
+		close(hearing)
+		<-slow
+	}, message(x, "slow"))
+	select {
+	case <-hearing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch was never told")
+	}
+
+	told := make(chan error, 1)
+	s.WriteAsync(func(err error) { told <- err }, message(y, "beside"))
+	select {
+	case err := <-told:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a batch's callers waited for another batch's caller")
+	}
+	once.Do(func() { close(slow) })
+	require.NoError(t, s.Write(t.Context())) // everything before it landed
+}

@@ -267,8 +267,11 @@ func (s *Store) Write(ctx context.Context, ops ...Op) error {
 }
 
 // WriteAsync enqueues ops and returns; it blocks only while the queue is
-// full. done, if not nil, runs on the writer goroutine once the ops have
-// committed or failed. When they failed because the database does not
+// full. done, if not nil, runs once the ops have committed or failed, on
+// the writer goroutine or, on PostgreSQL, on the goroutine of the batch in
+// flight that wrote them: the dones of one batch run one after the other,
+// in enqueue order, and those of two batches in flight (which share no
+// command) may run at the same time. When they failed because the database does not
 // answer, done gets that error and the ops are held: they are written, in
 // order and before anything enqueued after them, once the database answers
 // again (up to MaxHeldBytes of them; Stats counts what was dropped). It must not block, and so must not call Write or

@@ -32,8 +32,10 @@ type Store interface {
 	// WriteAsync enqueues ops, in the order of the calls, and returns; it
 	// may block while the store's queue is full. done, if not nil, runs once
 	// the ops committed or failed; it must not block and must not call the
-	// store. Writes commit in the order of the calls and their callbacks
-	// run in that order. The registry calls it from one goroutine, in the
+	// store. The writes of one command, and every lease row, commit in the
+	// order of the calls, and their callbacks run in that order; writes of
+	// different commands may commit in either order, and their callbacks
+	// may run at the same time. The registry calls it from one goroutine, in the
 	// order it decided the ops (see outbox.go): a command's record first,
 	// which the command may be dispatched before (invariant 9).
 	WriteAsync(done func(error), ops ...history.Op)
