@@ -280,16 +280,23 @@ func connect(ctx context.Context, cfg Config) (db *gorm.DB, dialect, dbFile stri
 			return nil, "", "", fmt.Errorf("history.Open: data dir: %w", err)
 		}
 	}
-	db, err = gorm.Open(dialector, &gorm.Config{
-		// The writer wraps its own transactions; gorm's per-statement ones
-		// would only add round trips.
-		SkipDefaultTransaction: true,
-		// Statement errors are returned to callers, who decide what to log;
-		// gorm would log every refused insert and, with parameters, secrets.
-		Logger: gormlogger.Discard.LogMode(gormlogger.Silent),
-		// gorm's own ping ignores any context: a database that accepts the
-		// connection and never answers would hang Open past a SIGTERM.
-		DisableAutomaticPing: true,
+	// Opening connects (the SQLite dialector asks the version of the
+	// library on a first connection), so it is tried again while busy too.
+	err = whileBusy(ctx, func() error {
+		db, err = gorm.Open(dialector, &gorm.Config{
+			// The writer wraps its own transactions; gorm's per-statement
+			// ones would only add round trips.
+			SkipDefaultTransaction: true,
+			// Statement errors are returned to callers, who decide what to
+			// log; gorm would log every refused insert and, with
+			// parameters, secrets.
+			Logger: gormlogger.Discard.LogMode(gormlogger.Silent),
+			// gorm's own ping ignores any context: a database that accepts
+			// the connection and never answers would hang Open past a
+			// SIGTERM.
+			DisableAutomaticPing: true,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
@@ -298,7 +305,7 @@ func connect(ctx context.Context, cfg Config) (db *gorm.DB, dialect, dbFile stri
 	if err != nil {
 		return nil, "", "", fmt.Errorf("history.Open: %w", err)
 	}
-	if err := sqlDB.PingContext(ctx); err != nil {
+	if err := whileBusy(ctx, func() error { return sqlDB.PingContext(ctx) }); err != nil {
 		_ = sqlDB.Close()
 		return nil, "", "", cheetah.StoreUnavailable("history.Open", err)
 	}
@@ -452,6 +459,38 @@ func sqliteDSN(path, extra string) string {
 		dsn += "&" + extra
 	}
 	return dsn
+}
+
+// sqliteOpenWait bounds how long whileBusy tries a SQLite database that
+// answers busy: the busy_timeout the DSN sets on every connection.
+const sqliteOpenWait = 10 * time.Second
+
+// whileBusy runs connect, which opens a first connection, again for as
+// long as SQLite answers it busy. A new SQLite connection runs the DSN's
+// pragmas first, and journal_mode(WAL) on a file that other processes are
+// opening at the same moment can be refused with SQLITE_BUSY without
+// waiting on busy_timeout: a second broker started beside the first would
+// then fail with store_unavailable instead of ErrDataDirInUse, and `cheetah
+// migrate` beside a starting broker would fail.
+func whileBusy(ctx context.Context, connect func() error) error {
+	deadline := time.Now().Add(sqliteOpenWait)
+	for {
+		err := connect()
+		if err == nil || !sqliteBusy(err) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// sqliteBusy reports whether err is SQLite's SQLITE_BUSY.
+func sqliteBusy(err error) bool {
+	var se *sqlitedriver.Error
+	return errors.As(err, &se) && se.Code()&0xff == 5
 }
 
 // Dialect returns "postgres" or "sqlite".
