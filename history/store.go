@@ -283,6 +283,7 @@ func connect(ctx context.Context, cfg Config) (db *gorm.DB, dialect, dbFile stri
 	// Opening connects (the SQLite dialector asks the version of the
 	// library on a first connection), so it is tried again while busy too.
 	err = whileBusy(ctx, func() error {
+		var err error
 		db, err = gorm.Open(dialector, &gorm.Config{
 			// The writer wraps its own transactions; gorm's per-statement
 			// ones would only add round trips.

@@ -271,10 +271,11 @@ func (s *Store) Write(ctx context.Context, ops ...Op) error {
 // the writer goroutine or, on PostgreSQL, on the goroutine of the batch in
 // flight that wrote them: the dones of one batch run one after the other,
 // in enqueue order, and those of two batches in flight (which share no
-// command) may run at the same time. When they failed because the database does not
-// answer, done gets that error and the ops are held: they are written, in
-// order and before anything enqueued after them, once the database answers
-// again (up to MaxHeldBytes of them; Stats counts what was dropped). It must not block, and so must not call Write or
+// command) may run at the same time. When they failed because the database
+// does not answer, done gets that error and the ops are held: they are
+// written, in order and before anything enqueued after them, once the
+// database answers again (up to MaxHeldBytes of them; Stats counts what was
+// dropped). It must not block, and so must not call Write or
 // WriteAsync: with the queue full, the writer would wait on itself. If the
 // store is closed or an op is invalid, done runs on a goroutine of its own,
 // so that a caller holding a lock that done takes cannot deadlock.

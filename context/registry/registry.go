@@ -35,9 +35,9 @@ type Store interface {
 	// store. The writes of one command, and every lease row, commit in the
 	// order of the calls, and their callbacks run in that order; writes of
 	// different commands may commit in either order, and their callbacks
-	// may run at the same time. The registry calls it from one goroutine, in the
-	// order it decided the ops (see outbox.go): a command's record first,
-	// which the command may be dispatched before (invariant 9).
+	// may run at the same time. The registry calls it from one goroutine,
+	// in the order it decided the ops (see outbox.go): a command's record
+	// first, which the command may be dispatched before (invariant 9).
 	WriteAsync(done func(error), ops ...history.Op)
 	// Lookup finds a command that the registry no longer remembers, to
 	// place a late message: its user, client, status and response mode. It
