@@ -195,6 +195,40 @@ WHERE seq <> CASE kind WHEN 'result' THEN 2 ELSE 1 END`).Scan(&bad))
 	require.Zero(t, bad, "messages out of their seq")
 }
 
+// A statement reading its rows from arrays hands them on one at a time
+// (ProjectSet) instead of copying them first into a tuplestore (a Function
+// Scan): making and freeing one per statement cost PostgreSQL more than the
+// rows. Checked on each statement's generic plan, the one the writer runs.
+func TestPostgresArrayRowsAreNotMaterialized(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := historytest.NewPostgres(t)
+	conn, err := historytest.DB(t, s).Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+
+	stmts := history.PGArrayStatements()
+	require.NotEmpty(t, stmts)
+	for i, st := range stmts {
+		name := fmt.Sprintf("arrays_%d", i)
+		_, err := conn.ExecContext(ctx, fmt.Sprintf("PREPARE %s AS %s", name, st.SQL))
+		require.NoError(t, err, st.SQL)
+		rows, err := conn.QueryContext(ctx, fmt.Sprintf("EXPLAIN EXECUTE %s(%s)", name, strings.TrimSuffix(strings.Repeat("NULL, ", st.Width), ", ")))
+		require.NoError(t, err, st.SQL)
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		require.NoError(t, rows.Err())
+		require.Contains(t, plan.String(), "ProjectSet", "%s:\n%s\n%s", st.Name, st.SQL, plan.String())
+		require.NotContains(t, plan.String(), "Function Scan", "%s:\n%s\n%s", st.Name, st.SQL, plan.String())
+	}
+}
+
 // A batch's parameters are encoded once, into a buffer the store keeps
 // from batch to batch: pgx's own batch encoded each statement's parameters
 // into a buffer that it grew from 256 bytes again for every statement, so
