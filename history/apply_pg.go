@@ -104,7 +104,7 @@ const pgValuesRows = 8
 // rows into a tuplestore, and making and freeing one per statement (a
 // 16 KiB allocation, and the backend's heap trimmed back by brk when the
 // executor's memory is released) cost PostgreSQL more than the rows: the
-// history ingest ran 27 % faster without it.
+// history ingest ran a quarter faster without it (bench/RESULTS.md).
 type pgRows struct {
 	name   string // what an error names
 	width  int    // the number of columns
