@@ -445,7 +445,8 @@ func sqliteDSN(path, extra string) string {
 		set[strings.ToLower(strings.TrimSpace(name))] = true
 	}
 	own := url.Values{}
-	for _, p := range []string{"busy_timeout(10000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(ON)", "temp_store(MEMORY)"} {
+	busy := fmt.Sprintf("busy_timeout(%d)", sqliteBusyTimeout.Milliseconds())
+	for _, p := range []string{busy, "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(ON)", "temp_store(MEMORY)"} {
 		if name, _, _ := strings.Cut(p, "("); !set[name] {
 			own.Add("_pragma", p)
 		}
@@ -462,9 +463,10 @@ func sqliteDSN(path, extra string) string {
 	return dsn
 }
 
-// sqliteOpenWait bounds how long whileBusy tries a SQLite database that
-// answers busy: the busy_timeout the DSN sets on every connection.
-const sqliteOpenWait = 10 * time.Second
+// sqliteBusyTimeout is how long a SQLite connection waits for a lock (the
+// DSN's busy_timeout), and how long whileBusy tries a database that answers
+// busy without waiting.
+const sqliteBusyTimeout = 10 * time.Second
 
 // whileBusy runs connect, which opens a first connection, again for as
 // long as SQLite answers it busy. A new SQLite connection runs the DSN's
@@ -474,7 +476,7 @@ const sqliteOpenWait = 10 * time.Second
 // then fail with store_unavailable instead of ErrDataDirInUse, and `cheetah
 // migrate` beside a starting broker would fail.
 func whileBusy(ctx context.Context, connect func() error) error {
-	deadline := time.Now().Add(sqliteOpenWait)
+	deadline := time.Now().Add(sqliteBusyTimeout)
 	for {
 		err := connect()
 		if err == nil || !sqliteBusy(err) || time.Now().After(deadline) {
