@@ -112,8 +112,13 @@ type pgRows struct {
 	arrays pgStmt
 }
 
+// pgRowsAll is every pgRows, as newPGRows made them: what a test of their
+// texts goes through.
+var pgRowsAll []*pgRows
+
 func newPGRows(name, text string, types ...string) *pgRows {
 	st := &pgRows{name: name, width: len(types)}
+	pgRowsAll = append(pgRowsAll, st)
 	var b strings.Builder
 	b.WriteString("(SELECT ")
 	for j, t := range types {

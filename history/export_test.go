@@ -12,8 +12,7 @@ type PGArrayStatement struct {
 // path.
 func PGArrayStatements() []PGArrayStatement {
 	var out []PGArrayStatement
-	for _, st := range []*pgRows{pgInsertCommands, pgSetStatuses, pgInsertMessages, pgAppendMessages, pgSetDeliveries,
-		pgNewLeases, pgLeaseExpiries, pgClaimLeases} {
+	for _, st := range pgRowsAll {
 		out = append(out, PGArrayStatement{Name: st.name, SQL: st.arrays.sql, Width: st.width})
 	}
 	return out
