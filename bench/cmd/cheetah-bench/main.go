@@ -75,6 +75,7 @@ func run() int {
 	fs.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address")
 	fs.StringVar(&cfg.PostgresURL, "postgres", envOr("CHEETAH_BENCH_POSTGRES_URL", cfg.PostgresURL), "PostgreSQL URL of a database to connect to for creating the harness's own databases (or $CHEETAH_BENCH_POSTGRES_URL)")
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "directory for CPU and heap profiles of Cheetah's measured phases (off when empty)")
+	fs.BoolVar(&cfg.Trace, "trace", false, "with -profile, an execution trace of each profiled phase as well (runtime/trace; it slows what it records)")
 	jsonPath := fs.String("json", "cheetah-bench.json", "where to write the JSON report (empty: nowhere)")
 	mdPath := fs.String("md", "", "where to write the Markdown report as well as printing it (empty: print only)")
 	if err := fs.Parse(os.Args[1:]); err != nil {

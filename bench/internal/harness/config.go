@@ -67,6 +67,9 @@ type Config struct {
 	// ProfileDir, when set, receives CPU and heap profiles of Cheetah's
 	// measured phases (the last repeat of each).
 	ProfileDir string `json:"-"`
+	// Trace adds an execution trace of the same phases (runtime/trace),
+	// for go tool trace; it slows what it records.
+	Trace bool `json:"-"`
 	// Version is Cheetah's version, as the build says.
 	Version string `json:"-"`
 }

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"time"
@@ -212,6 +213,7 @@ type trial struct {
 	ctx     context.Context
 	i       int
 	profile string // where this trial's profiles go; empty for none
+	trace   bool   // an execution trace beside the profiles
 
 	// cpu is the CPU time of this whole process over the measured phase,
 	// once it has ended, and busy the whole machine's (every process's) in
@@ -267,7 +269,9 @@ func (t *trial) profiling() (stop func()) {
 		f.Close()
 		return func() {}
 	}
+	stopTrace := t.tracing()
 	return func() {
+		stopTrace()
 		pprof.StopCPUProfile()
 		f.Close()
 		if h, err := os.Create(t.profile + ".heap.pprof"); err == nil {
@@ -275,6 +279,27 @@ func (t *trial) profiling() (stop func()) {
 			_ = pprof.Lookup("heap").WriteTo(h, 0)
 			h.Close()
 		}
+	}
+}
+
+// tracing starts the execution trace of the measured phase, when asked
+// for: where a round trip waits (a goroutine runnable but not running, a
+// read not yet answered) is in it, not in a CPU profile.
+func (t *trial) tracing() (stop func()) {
+	if !t.trace {
+		return func() {}
+	}
+	f, err := os.Create(t.profile + ".trace")
+	if err != nil {
+		return func() {}
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		trace.Stop()
+		f.Close()
 	}
 }
 
@@ -350,6 +375,7 @@ func (e *env) repeat(sc string, profile bool, i int, row *report.Row, figures ma
 	t := &trial{ctx: ctx, i: i}
 	if profile && e.cfg.ProfileDir != "" && i == e.cfg.Repeats-1 {
 		t.profile = filepath.Join(e.cfg.ProfileDir, sc+"-"+slug(peer))
+		t.trace = e.cfg.Trace
 	}
 	got, err := run(t)
 	cancel()

@@ -37,6 +37,7 @@ func TestSmoke(t *testing.T) {
 		cfg.Only = []string{"latency", "connections"}
 	}
 	cfg.ProfileDir = t.TempDir()
+	cfg.Trace = true
 	cfg.Version = "test"
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -113,6 +114,10 @@ func TestSmoke(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.ProfileDir, "latency-cheetah-on-sqlite.cpu.pprof")); err != nil {
 		t.Errorf("no CPU profile: %v", err)
+	}
+	// An execution trace of the same phase, as runtime/trace writes one.
+	if b, err := os.ReadFile(filepath.Join(cfg.ProfileDir, "latency-cheetah-on-sqlite.trace")); err != nil || !bytes.HasPrefix(b, []byte("go 1.")) || len(b) < 1024 {
+		t.Errorf("no execution trace: %v (%d bytes)", err, len(b))
 	}
 }
 
