@@ -50,7 +50,7 @@ type lease struct {
 
 // endedLease is what the registry remembers of a lease that ended, to tell a
 // late user why. It is small and holds one pointer: the memory of ended
-// leases is large (EndedMax) and written on every release, under the lock.
+// leases is large (EndedMax) and written on every release (ended.go).
 type endedLease struct {
 	at     *ctxIdent // where it was
 	reason endReason
@@ -427,7 +427,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev.Reason, ev.At = reason, now
 	ev.LeaseWebhook, ev.LeaseWebhookKeyID = l.webhook, l.webhookKey
 	r.emit(ev)
-	r.endedLeases.put(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
+	r.endedLeases.add(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason),
 		ClearState: l.clearState})
 	r.discharge(l) // after the event: a slot it frees goes to the next lease
@@ -544,6 +544,7 @@ func (r *Registry) Release(ctx context.Context, h cheetah.Lease) (bool, error) {
 	l := r.leases[key]
 	released := r.release(key, h)
 	r.mu.Unlock()
+	r.endedLeases.fold()
 	if released {
 		// With durable leases, a release is told once no replica could
 		// bring the lease back from its row.
@@ -684,6 +685,7 @@ func (r *Registry) expiryLoop() {
 	defer t.Stop()
 	for {
 		next := r.ExpireDue()
+		r.endedLeases.fold()
 		r.PruneMemory()
 		wait := time.Minute
 		if !next.IsZero() {

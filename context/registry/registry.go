@@ -207,9 +207,9 @@ type Registry struct {
 	// awaiting holds the contexts whose lease another replica holds, and
 	// until when they wait for it (durable_leases.go).
 	awaiting    map[*wctx]time.Time
-	heap        leaseHeap                   // active leases that may expire, by deadline
-	endedLeases *memo[endedKey, endedLease] // how recent leases ended, by token digest
-	moved       *memo[endedKey, string]     // leases handed over with their client, to the replica (handover.go)
+	heap        leaseHeap               // active leases that may expire, by deadline
+	endedLeases *endedMemory            // how recent leases ended, by token digest (ended.go)
+	moved       *memo[endedKey, string] // leases handed over with their client, to the replica (handover.go)
 	// lastLeaseRow hears of the commit of the last lease row written, made
 	// or deleted (leaseRowsDurable); r.mu.
 	lastLeaseRow chan error
@@ -273,7 +273,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
 		awaiting:      map[*wctx]time.Time{},
-		endedLeases:   newMemo[endedKey, endedLease](cfg.EndedMemory, cfg.EndedMax),
+		endedLeases:   newEndedMemory(cfg.EndedMemory, cfg.EndedMax),
 		moved:         newMemo[endedKey, string](max(cfg.EndedMemory, MaxTTL), cfg.EndedMax),
 		commands:      map[string]*command{},
 		ending:        map[*command]struct{}{},
