@@ -13,14 +13,15 @@ import (
 // at a random place in it is a cache miss: an eighth of an acquire and
 // release, made under r.mu. So an end is staged under r.mu in a small
 // ring, which costs a copy, and written into the memo off the lock by
-// whoever calls fold next (a release, the expiry loop). A lookup, under
-// r.mu, sees every end: the ones not yet written in the ring, the others
-// in the memo. It waits for a folder that is writing, a few entries when
-// the folds keep up; so does an add that finds the ring full.
+// whoever calls fold next (a release, a revoke, the expiry loop). A
+// lookup, under r.mu, sees every end: the ones not yet written in the
+// ring, the others in the memo. It waits for a folder that is writing, a
+// few entries when the folds keep up; so does an add that finds the ring
+// full.
 //
 // The ring's entries [folded, staged) are not yet in the memo. Only add,
 // under r.mu, writes the ring and moves staged; only a folder holding mu
-// moves folded, after it wrote the entry into the memo. The atomics order
+// moves folded, after it wrote the entries into the memo. The atomics order
 // the two: a folder reads no entry before its staging, and add overwrites
 // none before it was folded.
 type endedMemory struct {
@@ -92,16 +93,27 @@ func (m *endedMemory) fold() {
 }
 
 // foldLocked writes the staged ends before n into the memo; mu is held.
+// folded moves once they are all written: until then add does not reuse
+// their slots, and a lookup finds them in the ring or, once it holds mu,
+// in the memo. A folded slot keeps its entry, and its pointer, until add
+// reuses it: 256 at most.
 func (m *endedMemory) foldLocked(n uint64) {
-	for i := m.folded.Load(); i < n; i++ {
+	f := m.folded.Load()
+	if f == n {
+		return
+	}
+	for i := f; i < n; i++ {
 		s := &m.ring[i%endedRing]
 		m.memo.put(s.key, s.end, s.at)
-		m.folded.Store(i + 1)
 	}
+	m.folded.Store(n)
 }
 
-// prune drops what is older than the memo keeps, the staged ends written
-// first so that none outlives it in the ring; r.mu is held.
+// prune drops what is older than the memo keeps; r.mu is held. The staged
+// ends are written first, so that none waits in the ring past a prune: put
+// with an end's own time, one written much later could start a generation
+// in the past (a full generation rotates at the put's time), and the next
+// prune would drop ends the memo holds before they are keep old.
 func (m *endedMemory) prune(now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

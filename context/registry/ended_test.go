@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/binary"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -16,8 +17,10 @@ func endedKeyOf(i uint64) (k endedKey) {
 
 // Every end is found from the moment add returns, whether it is still
 // staged, being written by a folder, or in the memo: many goroutines end
-// leases and fold, as releases do, while others look up ends already
-// added, as late uses do. rmu stands for the registry's lock.
+// leases, as releases do, and look up ends, as late uses do (the newest,
+// the oldest still staged, and one further back), while folders write
+// the staged ends into the memo, now and then, so that the ring also fills
+// while a fold is under way. rmu stands for the registry's lock.
 func TestEndedMemoryFindsEveryEnd(t *testing.T) {
 	t.Parallel()
 	const workers, perWorker = 16, 4000
@@ -26,6 +29,10 @@ func TestEndedMemoryFindsEveryEnd(t *testing.T) {
 	idents := []*ctxIdent{{contextID: "a"}, {contextID: "b"}}
 	var rmu sync.Mutex
 	var added uint64 // ends added so far, in key order; rmu
+	found := func(i uint64) bool {
+		e, ok := m.get(endedKeyOf(i))
+		return ok && e.at == idents[i%2] && e.reason == endReason(i%4)
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -34,28 +41,45 @@ func TestEndedMemoryFindsEveryEnd(t *testing.T) {
 				i := added
 				m.add(endedKeyOf(i), endedLease{at: idents[i%2], reason: endReason(i % 4)}, now)
 				added++
-				// A late use of an end added before, by this or another
-				// goroutine.
+				oldest := min(m.folded.Load(), i) // staged, unless every end is folded
 				back := uint64(j*7+w) % added
-				e, ok := m.get(endedKeyOf(back))
+				ok := found(i) && found(oldest) && found(back)
 				rmu.Unlock()
-				if !ok || e.at != idents[back%2] || e.reason != endReason(back%4) {
-					t.Errorf("end %d of %d: found %v, %+v", back, i+1, ok, e)
+				if !ok {
+					t.Errorf("after end %d: ends %d, %d or %d not found", i, i, oldest, back)
 					return
 				}
-				if j%3 == 0 {
+				if j%1000 == w {
 					m.fold()
 				}
 			}
 		})
 	}
+	// A folder that waits for a nearly full ring: the adds meanwhile fill
+	// it while it writes.
+	stop := make(chan struct{})
+	var folder sync.WaitGroup
+	folder.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if m.staged.Load()-m.folded.Load() >= endedRing-endedRing/8 {
+				m.fold()
+			}
+			runtime.Gosched()
+		}
+	})
 	wg.Wait()
+	close(stop)
+	folder.Wait()
 	rmu.Lock()
 	defer rmu.Unlock()
 	require.Equal(t, workers*perWorker, m.len())
 	for i := range uint64(workers * perWorker) {
-		_, ok := m.get(endedKeyOf(i))
-		require.True(t, ok, "end %d", i)
+		require.True(t, found(i), "end %d", i)
 	}
 	_, ok := m.get(endedKeyOf(workers * perWorker))
 	require.False(t, ok, "an end never added")

@@ -578,6 +578,7 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 		}
 	}
 	r.mu.Unlock()
+	r.endedLeases.fold()
 	// Told once the rows of what it released (the last lease rows written
 	// when it decided), and of what it found ended, are deleted.
 	if err := r.leaseRowsDurable(ctx); err != nil {
@@ -600,6 +601,7 @@ func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID strin
 	l := w.lease
 	r.endLease(l, cheetah.LostRevoked)
 	r.mu.Unlock()
+	r.endedLeases.fold()
 	return true, awaitStored(ctx, l.gone)
 }
 
@@ -685,7 +687,7 @@ func (r *Registry) expiryLoop() {
 	defer t.Stop()
 	for {
 		next := r.ExpireDue()
-		r.endedLeases.fold()
+		r.endedLeases.fold() // what expired, off the lock; PruneMemory folds the rest under it
 		r.PruneMemory()
 		wait := time.Minute
 		if !next.IsZero() {
