@@ -98,11 +98,7 @@ func (m *endedMemory) fold() {
 // in the memo. A folded slot keeps its entry, and its pointer, until add
 // reuses it: 256 at most.
 func (m *endedMemory) foldLocked(n uint64) {
-	f := m.folded.Load()
-	if f == n {
-		return
-	}
-	for i := f; i < n; i++ {
+	for i := m.folded.Load(); i < n; i++ {
 		s := &m.ring[i%endedRing]
 		m.memo.put(s.key, s.end, s.at)
 	}
