@@ -17,6 +17,7 @@ import (
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/internal/procs"
 	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/telemetry"
@@ -46,6 +47,7 @@ type serveCmd struct {
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
 	AdvertiseURL     string        `name:"advertise-url" help:"Where the other replicas on the same PostgreSQL reach this one (http(s)://host:port); default: --listen's address."`
 	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands a grace later (two renewals, TTL/5 each, plus 1s). Shorter fails over sooner, and fences sooner on a slow database."`
+	Procs            string        `default:"auto" enum:"auto,all" help:"auto: run on one processor while one is enough, on all of GOMAXPROCS once goroutines wait for one (a light load's round trips then wake no idle processor); all: always on all. A GOMAXPROCS environment variable turns auto off."`
 	QuotaFile        string        `name:"quota-file" env:"CHEETAH_QUOTA_FILE" type:"path" help:"YAML file of quota caps (global, tenant, user); reloaded on SIGHUP and by POST /api/v1/admin/quotas/reload. A broken file refuses to start."`
 }
 
@@ -190,6 +192,12 @@ func (c *serveCmd) Run() error {
 	}
 	if b.Quotas != nil {
 		defer b.Quotas.ReloadOnSIGHUP()()
+	}
+	if c.Procs == "auto" {
+		// Once the store is open: opening and migrating it runs on all.
+		gov := procs.New(procs.Config{Log: log})
+		gov.Start()
+		defer gov.Stop()
 	}
 	front.Ready(b.Server.Handler())
 	attrs := []any{"listen", ln.Addr().String(), "scheme", scheme, "store", b.Store.Dialect(),

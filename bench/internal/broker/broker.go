@@ -19,6 +19,7 @@ import (
 	"github.com/cheetahbroker/cheetah/agent"
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
+	"github.com/cheetahbroker/cheetah/internal/procs"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/quota"
 	"github.com/cheetahbroker/cheetah/remote"
@@ -68,6 +69,8 @@ type Broker struct {
 
 	mu     sync.Mutex
 	agents []*runningAgent
+
+	releaseProcs func()
 }
 
 type runningAgent struct {
@@ -132,6 +135,7 @@ func Start(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.srv = &http.Server{Handler: b.B.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	ln = server.HoldWrites(b.srv, ln) // as cheetah serve does
+	b.releaseProcs = governProcs()
 	go func() {
 		defer close(b.served)
 		_ = b.srv.Serve(ln)
@@ -264,6 +268,39 @@ func (b *Broker) Close() {
 	_ = b.srv.Shutdown(ctx)
 	<-b.served
 	b.closeBroker()
+	b.releaseProcs()
+}
+
+// governed is the process's processor governor, as cheetah serve runs it
+// (--procs auto), shared by the brokers the harness runs at once: it
+// governs the whole process, so there is one while any broker runs.
+var governed struct {
+	sync.Mutex
+	brokers int
+	gov     *procs.Governor
+}
+
+// governProcs counts a broker in, starting the governor for the first,
+// and returns what counts it out, stopping the governor after the last.
+func governProcs() (release func()) {
+	governed.Lock()
+	defer governed.Unlock()
+	if governed.brokers == 0 {
+		governed.gov = procs.New(procs.Config{})
+		governed.gov.Start()
+	}
+	governed.brokers++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			governed.Lock()
+			defer governed.Unlock()
+			if governed.brokers--; governed.brokers == 0 {
+				governed.gov.Stop()
+				governed.gov = nil
+			}
+		})
+	}
 }
 
 func (b *Broker) closeBroker() {

@@ -1,0 +1,19 @@
+//go:build unix
+
+package procs
+
+import (
+	"syscall"
+	"time"
+)
+
+const cpuTimeSupported = true
+
+// processCPUTime is the user and system time of every thread of the process.
+func processCPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
