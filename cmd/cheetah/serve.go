@@ -47,7 +47,7 @@ type serveCmd struct {
 	TLSKey           string        `name:"tls-key" and:"tls" type:"path" help:"PEM private key file of --tls-cert."`
 	AdvertiseURL     string        `name:"advertise-url" help:"Where the other replicas on the same PostgreSQL reach this one (http(s)://host:port); default: --listen's address."`
 	ReplicaTTL       time.Duration `name:"replica-ttl" default:"5s" help:"With PostgreSQL: how long this replica acts without renewing its membership; the others end its commands a grace later (two renewals, TTL/5 each, plus 1s). Shorter fails over sooner, and fences sooner on a slow database."`
-	Procs            string        `default:"auto" enum:"auto,all" help:"auto: run on one processor while one is enough, on all of GOMAXPROCS once goroutines wait for one (a light load's round trips then wake no idle processor); all: always on all. A GOMAXPROCS environment variable turns auto off."`
+	Procs            string        `default:"auto" enum:"auto,all" help:"auto: run on one processor while one is enough, on all of GOMAXPROCS once goroutines wait for it or it is full (a light load's round trips then wake no idle processor); all: always on all. A GOMAXPROCS environment variable turns auto off."`
 	QuotaFile        string        `name:"quota-file" env:"CHEETAH_QUOTA_FILE" type:"path" help:"YAML file of quota caps (global, tenant, user); reloaded on SIGHUP and by POST /api/v1/admin/quotas/reload. A broken file refuses to start."`
 }
 

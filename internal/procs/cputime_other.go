@@ -6,4 +6,4 @@ import "time"
 
 const cpuTimeSupported = false
 
-func processCPUTime() time.Duration { return 0 }
+func processCPUTime() (time.Duration, bool) { return 0, false }

@@ -1,5 +1,5 @@
 // Package procs runs the process on one processor while one is enough, and
-// on all of GOMAXPROCS when goroutines wait for a processor.
+// on all of GOMAXPROCS when goroutines wait for it or it is full.
 //
 // A round trip through the broker hands work from goroutine to goroutine
 // (session writer, agent, reader, store writer, notifier), one at a time.
@@ -9,7 +9,8 @@
 // round trip's time and half of its CPU (bench/RESULTS.md). One processor
 // runs the same hand-overs back to back. Under load, goroutines that are
 // ready to run start waiting for it (the runtime's scheduling latencies),
-// and the governor gives the runtime all of its processors again.
+// or it is busy all the time, and the governor gives the runtime all of
+// its processors again.
 package procs
 
 import (
@@ -26,27 +27,32 @@ import (
 // When the governor changes the processors.
 //
 // On one processor, a window is crowded when at least CrowdedShare of the
-// goroutines that were made ready in it waited LongWait or more before they
-// ran (and at least MinWaits were). RaiseAfter of crowded windows in a row
-// raise. A light load's hand-overs wait microseconds (p90 under 30 µs, and
-// under 1 % of them past 200 µs, in the benchmark's round trips); a
-// throughput load on one processor has half of them past 200 µs.
+// goroutines made ready in it waited LongWait or more before they ran (of
+// the runtime's sample, one scheduling in eight, when it holds MinWaits or
+// more), or when the process used FullCores or more. RaiseAfter of crowded
+// windows in a row raise. A light load's hand-overs wait microseconds (p90
+// under 30 µs, and under 2 % of them past 200 µs, in the benchmark's round
+// trips); a throughput load on one processor has half of them past 200 µs
+// while it uses as little as half a core, its processor held in system
+// calls.
 //
-// On more than one processor, the CPU time says nothing of whether one
-// would do (a load held by the store's fsyncs uses half a core on one
-// processor and still needs two), so the governor tries: after LowerAfter
-// of windows under QuietCores, it lowers to one. If that is raised again
-// within LowerAfter, the next try waits twice as long, up to MaxBackoff;
-// a try that holds resets the wait.
+// On more than one processor, the waits say nothing of whether one would
+// do, nor does the CPU time (the same throughput load uses over a core on
+// two), so the governor tries: after LowerAfter of windows in a row under
+// QuietCores, it lowers to one. A try raised again before it held for
+// HeldAfter makes the next one wait twice as long, up to MaxBackoff; a try
+// that held that long brings the wait back to LowerAfter.
 const (
 	// Window is how often the governor reads the process's counters.
 	Window       = 100 * time.Millisecond
 	LongWait     = 200 * time.Microsecond
 	CrowdedShare = 0.1
 	MinWaits     = 20
+	FullCores    = 0.95
 	RaiseAfter   = 200 * time.Millisecond
 	QuietCores   = 0.9
 	LowerAfter   = time.Second
+	HeldAfter    = 10 * time.Second
 	MaxBackoff   = time.Minute
 )
 
@@ -79,16 +85,17 @@ type Governor struct {
 	cfg     Config
 	enabled bool
 
-	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
+	startOnce, stopOnce sync.Once
+	started             bool // it set GOMAXPROCS
+	stop                chan struct{}
+	done                chan struct{}
 
 	// The loop's own state.
 	procs   int
 	streak  time.Duration // how long the windows have asked for a change
 	since   time.Duration // time at the current setting
 	backoff time.Duration // quiet time before the next try of one processor
-	trying  bool          // the one processor is a try, not yet held
+	trying  bool          // the one processor is a try
 }
 
 // New makes a governor. It governs nothing (Start and Stop do nothing)
@@ -112,8 +119,13 @@ func New(cfg Config) *Governor {
 	case !cpuTimeSupported:
 		cfg.Log.Info("no CPU time on this system: the processors are not governed")
 	default:
+		c, ok := newRuntimeCounters()
+		if !ok {
+			cfg.Log.Info("no scheduling latencies in this runtime: the processors are not governed")
+			break
+		}
 		g.enabled = true
-		cfg.Read, cfg.SetProcs = newRuntimeCounters().read, setRuntimeProcs
+		cfg.Read, cfg.SetProcs = c.read, setRuntimeProcs
 	}
 	g.cfg = cfg
 	return g
@@ -123,23 +135,28 @@ func New(cfg Config) *Governor {
 func (g *Governor) Enabled() bool { return g.enabled }
 
 // Start sets one processor (a process that starts is idle) and starts
-// watching the counters.
+// watching the counters. A second Start does nothing.
 func (g *Governor) Start() {
-	if !g.enabled {
-		close(g.done)
-		return
-	}
-	g.procs = g.cfg.SetProcs(1)
-	go g.run()
+	g.startOnce.Do(func() {
+		if !g.enabled {
+			close(g.done)
+			return
+		}
+		g.started = true
+		g.procs = g.cfg.SetProcs(1)
+		go g.run()
+	})
 }
 
-// Stop stops the governor, waits for its goroutine and gives the runtime
-// its default GOMAXPROCS back.
+// Stop stops the governor, waits for its goroutine and, if Start changed
+// GOMAXPROCS, gives the runtime its default back. Stop without Start, or a
+// second Stop, does nothing more.
 func (g *Governor) Stop() {
+	g.startOnce.Do(func() { close(g.done) }) // never started: no goroutine
 	g.stopOnce.Do(func() {
 		close(g.stop)
 		<-g.done
-		if g.enabled {
+		if g.started {
 			g.cfg.SetProcs(0)
 		}
 	})
@@ -179,7 +196,8 @@ type window struct {
 }
 
 func (w window) crowded() bool {
-	return w.waits >= MinWaits && float64(w.longWaits) >= CrowdedShare*float64(w.waits)
+	return w.cores >= FullCores ||
+		w.waits >= MinWaits && float64(w.longWaits) >= CrowdedShare*float64(w.waits)
 }
 
 // observe takes one window and sets the processors.
@@ -188,17 +206,20 @@ func (g *Governor) observe(w window) {
 	if g.procs == 1 {
 		if !w.crowded() {
 			g.streak = 0
-			if g.since >= LowerAfter {
-				g.backoff, g.trying = LowerAfter, false // one processor held
-			}
 			return
 		}
-		if g.streak += w.wall; g.streak >= RaiseAfter {
-			if g.trying {
-				g.backoff = min(2*g.backoff, MaxBackoff) // a try that failed
-			}
-			g.set(0, w)
+		if g.streak += w.wall; g.streak < RaiseAfter {
+			return
 		}
+		if g.trying {
+			if g.since-g.streak < HeldAfter {
+				g.backoff = min(2*g.backoff, MaxBackoff) // the crowd came back
+			} else {
+				g.backoff = LowerAfter // one processor held
+			}
+		}
+		g.trying = false
+		g.set(0, w)
 		return
 	}
 	if w.cores >= QuietCores {
@@ -214,7 +235,7 @@ func (g *Governor) observe(w window) {
 func (g *Governor) set(n int, w window) {
 	g.procs = g.cfg.SetProcs(n)
 	g.streak, g.since = 0, 0
-	g.cfg.Log.Debug("processors", "gomaxprocs", g.procs, "cores_used", w.cores,
+	g.cfg.Log.Info("processors", "gomaxprocs", g.procs, "cores_used", w.cores,
 		"waits", w.waits, "long_waits", w.longWaits, "next_try_after", g.backoff)
 }
 
@@ -232,34 +253,40 @@ func setRuntimeProcs(n int) int {
 // and the runtime (scheduling latencies).
 type runtimeCounters struct {
 	sample []metrics.Sample
-	long   int // the first bucket at or past LongWait
+	long   int           // the bucket that holds LongWait: it and those after count
+	cpu    time.Duration // the last CPU time read, kept when a read fails
 }
 
 const schedLatencies = "/sched/latencies:seconds"
 
-func newRuntimeCounters() *runtimeCounters {
+func newRuntimeCounters() (*runtimeCounters, bool) {
 	c := &runtimeCounters{sample: []metrics.Sample{{Name: schedLatencies}}}
 	metrics.Read(c.sample)
 	if c.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
-		c.long = -1
-		return c
+		return nil, false
 	}
-	buckets := c.sample[0].Value.Float64Histogram().Buckets // fixed for the process's life
-	c.long = len(buckets) - 1
+	c.long = longBucket(c.sample[0].Value.Float64Histogram().Buckets) // fixed for the process's life
+	return c, true
+}
+
+// longBucket is the index of the bucket that holds LongWait. The runtime's
+// buckets are a quarter of a power of two wide (196.6 and 229.4 µs around
+// 200 µs): waits from the bucket's lower bound count as long.
+func longBucket(buckets []float64) int {
+	long := 0
 	for i, b := range buckets[:len(buckets)-1] {
-		if b >= LongWait.Seconds() {
-			c.long = i
-			break
+		if b <= LongWait.Seconds() {
+			long = i
 		}
 	}
-	return c
+	return long
 }
 
 func (c *runtimeCounters) read() Counters {
-	out := Counters{CPU: processCPUTime()}
-	if c.long < 0 {
-		return out
+	if cpu, ok := processCPUTime(); ok {
+		c.cpu = cpu
 	}
+	out := Counters{CPU: c.cpu}
 	metrics.Read(c.sample)
 	for i, n := range c.sample[0].Value.Float64Histogram().Counts {
 		out.Waits += n

@@ -3,8 +3,10 @@ package procs
 import (
 	"cmp"
 	"context"
+	"math"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"testing"
@@ -87,7 +89,7 @@ func run(t *testing.T, loads []load) []change {
 		waits := cmp.Or(l.waits, 400)
 		c.CPU += time.Duration(l.cores * float64(Window))
 		c.Waits += waits
-		c.LongWaits += uint64(l.long * float64(waits))
+		c.LongWaits += uint64(math.Round(l.long * float64(waits)))
 		p.feed <- c
 	}
 	g.Stop()
@@ -100,7 +102,7 @@ func times(l load, n int) []load { return slices.Repeat([]load{l}, n) }
 
 func TestGovernor(t *testing.T) {
 	t.Parallel()
-	up, down := int(RaiseAfter/Window), int(LowerAfter/Window)
+	up, down, held := int(RaiseAfter/Window), int(LowerAfter/Window), int(HeldAfter/Window)
 	seq := func(parts ...[]load) []load { return slices.Concat(parts...) }
 	cases := []struct {
 		name  string
@@ -131,15 +133,34 @@ func TestGovernor(t *testing.T) {
 			},
 		},
 		{
-			"a try that holds resets the wait",
+			"a try that held HeldAfter resets the wait",
 			seq(times(crowded, up), times(quiet, down), times(crowded, up), times(quiet, 2*down), // one failed try
-				times(light, down), times(crowded, up), times(quiet, down)), // one held: tried after LowerAfter again
+				times(light, held), times(crowded, up), times(quiet, down)), // one held: tried after LowerAfter again
 			[]change{
 				{window: up, set: 0}, {window: up + down, set: 1},
 				{window: 2*up + down, set: 0}, {window: 2*up + 3*down, set: 1},
-				{window: 3*up + 4*down, set: 0}, {window: 3*up + 5*down, set: 1},
+				{window: 3*up + 3*down + held, set: 0}, {window: 3*up + 4*down + held, set: 1},
 			},
 		},
+		{
+			"bursts that come back within HeldAfter make the tries rarer",
+			seq(times(crowded, up), times(quiet, down), times(light, 30), // tried, held 3 s
+				times(crowded, up), times(quiet, 2*down), times(light, 30), // raised: next try after 2 s
+				times(crowded, up), times(quiet, 4*down-1)), // raised: next try after 4 s
+			[]change{
+				{window: up, set: 0}, {window: up + down, set: 1},
+				{window: 2*up + down + 30, set: 0}, {window: 2*up + 3*down + 30, set: 1},
+				{window: 3*up + 3*down + 60, set: 0},
+			},
+		},
+		{"a full core raises without waits", seq(times(light, 5), times(load{cores: FullCores, waits: 5}, up)),
+			[]change{{window: 5 + up, set: 0}}},
+		{"just under a full core stays on one", times(load{cores: FullCores - 0.01, waits: 5}, 30), []change{}},
+		{"a tenth of waits past LongWait raises", times(load{cores: 0.5, long: CrowdedShare}, up),
+			[]change{{window: up, set: 0}}},
+		{"just under a tenth stays on one", times(load{cores: 0.5, long: CrowdedShare - 0.01}, 30), []change{}},
+		{"MinWaits waits are enough to judge", times(load{cores: 0.1, long: 1, waits: MinWaits}, up),
+			[]change{{window: up, set: 0}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,8 +191,8 @@ func TestRuntime(t *testing.T) {
 
 	// Goroutines made ready by the hundred, each spinning past LongWait
 	// on the one processor, count as long waits.
-	c := newRuntimeCounters()
-	require.GreaterOrEqual(t, c.long, 0)
+	c, ok := newRuntimeCounters()
+	require.True(t, ok)
 	first := c.read()
 	runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(before)
@@ -187,6 +208,42 @@ func TestRuntime(t *testing.T) {
 	require.Greater(t, second.CPU, first.CPU)
 	require.Greater(t, second.Waits, first.Waits)
 	require.Greater(t, second.LongWaits, first.LongWaits)
+}
+
+// TestLongBucket: the runtime's bucket that holds LongWait, and those after
+// it, are the long waits.
+func TestLongBucket(t *testing.T) {
+	t.Parallel()
+	s := []metrics.Sample{{Name: schedLatencies}}
+	metrics.Read(s)
+	buckets := s[0].Value.Float64Histogram().Buckets
+	long := longBucket(buckets)
+	require.LessOrEqual(t, buckets[long], LongWait.Seconds())
+	require.Greater(t, buckets[long+1], LongWait.Seconds())
+	require.Greater(t, buckets[long], LongWait.Seconds()/2, "a bucket a quarter of a power of two wide")
+	require.Equal(t, 1, longBucket([]float64{0, 150e-6, 250e-6, 400e-6, math.Inf(1)}))
+	require.Equal(t, 2, longBucket([]float64{0, 100e-6, 200e-6, 400e-6, math.Inf(1)}))
+}
+
+// TestStartStop: Stop without Start, and Start or Stop twice, are safe;
+// only a Start that set GOMAXPROCS makes Stop set it back.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	p := &fakeProcess{feed: make(chan Counters), max: 2}
+	g := New(p.config(clockwork.NewFakeClock()))
+	g.Stop()
+	g.Start()
+	g.Stop()
+	require.Empty(t, p.changes)
+
+	clock := clockwork.NewFakeClock()
+	g = New(p.config(clock))
+	g.Start()
+	g.Start()
+	p.feed <- Counters{}
+	g.Stop()
+	g.Stop()
+	require.Equal(t, []change{{set: 1}, {set: 0}}, p.changes)
 }
 
 // TestEnvironment: an operator's GOMAXPROCS wins.
