@@ -135,7 +135,7 @@ func Start(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.srv = &http.Server{Handler: b.B.Server.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	ln = server.HoldWrites(b.srv, ln) // as cheetah serve does
-	b.releaseProcs = governProcs()
+	b.releaseProcs = governProcs(o.Log)
 	go func() {
 		defer close(b.served)
 		_ = b.srv.Serve(ln)
@@ -280,13 +280,14 @@ var governed struct {
 	gov     *procs.Governor
 }
 
-// governProcs counts a broker in, starting the governor for the first,
-// and returns what counts it out, stopping the governor after the last.
-func governProcs() (release func()) {
+// governProcs counts a broker in, starting the governor for the first (it
+// logs its changes to that broker's log), and returns what counts it out,
+// stopping the governor after the last.
+func governProcs(log *slog.Logger) (release func()) {
 	governed.Lock()
 	defer governed.Unlock()
 	if governed.brokers == 0 {
-		governed.gov = procs.New(procs.Config{})
+		governed.gov = procs.New(procs.Config{Log: log})
 		governed.gov.Start()
 	}
 	governed.brokers++
