@@ -251,7 +251,8 @@ func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace 
 // Forget drops every client, context and lease, writing nothing: what a
 // replica does once it may no longer act (fenced), since other replicas
 // may take its clients and leases over from now on. Its connections are
-// closed with code; tokens of its leases then answer as unknown here.
+// closed with code; tokens of its leases, active or ended, then answer as
+// unknown here.
 func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -276,6 +277,7 @@ func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 				}
 				w.live = false
 				r.refreshIdle(w)
+				leave(w)
 				delete(c.contexts, w.id)
 			}
 			r.dropClient(c)

@@ -64,7 +64,9 @@ type HandedLease struct {
 // its commands dispatched on it end disconnected, as when a newer
 // connection replaces one here; its contexts and leases leave this
 // registry without ending, and the leases' tokens are remembered as moved
-// to to. It reports false when the client is not here.
+// to to; the leases of its contexts that ended here answer unknown_lease
+// from now on, as this registry no longer knows those contexts. It reports
+// false when the client is not here.
 func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -101,6 +103,7 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 		out.Contexts = append(out.Contexts, hc)
 		w.live = false
 		r.refreshIdle(w)
+		leave(w)
 		delete(c.contexts, w.id)
 	}
 	r.dropClient(c)

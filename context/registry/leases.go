@@ -82,7 +82,21 @@ func (k tokenKey) ended() (e endedKey) {
 }
 
 // ctxIdent names a context, shared by every ended lease of it.
-type ctxIdent struct{ userID, clientID, contextID string }
+type ctxIdent struct {
+	userID, clientID, contextID string
+	// left says the context left this registry with its client, handed
+	// over to another replica or forgotten by a fenced one, while it lives
+	// on elsewhere: what it is now is not known here; r.mu guards it.
+	left bool
+}
+
+// leave marks the ended leases of w, which leaves this registry with its
+// client, as those of a context it no longer knows; r.mu is held.
+func leave(w *wctx) {
+	if w.ident != nil {
+		w.ident.left = true
+	}
+}
 
 // identOf returns w's ident, made once per context; r.mu is held.
 func identOf(w *wctx) *ctxIdent {
@@ -489,6 +503,10 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 	}
 	w := r.findContext(e.at.userID, e.at.clientID, e.at.contextID)
 	switch {
+	case w == nil && e.at.left:
+		// Its context went on elsewhere: this registry can no more say
+		// what it is now than one that never issued the lease.
+		return cheetah.LostUnknownLease
 	case w == nil:
 		return cheetah.LostContextGone
 	case !w.live:

@@ -190,3 +190,41 @@ func TestContextsAwaitTheirLeaseFromElsewhere(t *testing.T) {
 	c.reg.StopAwaiting(user, "gone", []string{"x2"})
 	require.Equal(t, "x2", c.mustAcquire("t4").ContextID, "x2's wait ran out")
 }
+
+// A replica whose client left, handed over to another replica or forgotten
+// when the replica was fenced, no longer knows what that client's contexts
+// are: a lease that ended there before is unknown_lease there, never
+// context_gone (its context lives on elsewhere), and is described again
+// once the client is back.
+func TestEndedLeaseOfAClientThatLeft(t *testing.T) {
+	t.Parallel()
+	for _, leave := range []struct {
+		name string
+		do   func(t *testing.T, e *env)
+	}{
+		{"handed over", func(t *testing.T, e *env) {
+			_, ok := e.reg.HandOver(user, "c", "b")
+			require.True(t, ok)
+		}},
+		{"forgotten", func(_ *testing.T, e *env) { e.reg.Forget(protocol.CloseGoingAway, "fenced") }},
+	} {
+		t.Run(leave.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := setup(t)
+			e.connect("c", cheetah.Console, nil, worker("w1"))
+			l := e.mustAcquire("t")
+			e.revoked(user, "c", l.ContextID)
+			_, err := e.reg.Renew(ctx, l, 0)
+			require.Equal(t, cheetah.LostRevoked, lostReason(t, err))
+
+			leave.do(t, e)
+			_, err = e.reg.Renew(ctx, l, 0)
+			require.Equal(t, cheetah.LostUnknownLease, lostReason(t, err))
+
+			e.connect("c", cheetah.Console, nil, worker("w1"))
+			_, err = e.reg.Renew(ctx, l, 0)
+			require.Equal(t, cheetah.LostRevoked, lostReason(t, err), "the context is here again, idle")
+		})
+	}
+}
