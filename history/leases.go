@@ -217,9 +217,14 @@ WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at >
 }
 
 // LeasedElsewhere returns the contexts of a user's client whose lease rows
-// another replica holds, one not reaped yet, and have not expired: a
-// replica the client reconnected to leases none of them until that
-// replica hands them over, or is reaped and they are orphaned for it.
+// have not expired and are not this replica's: held by another replica, or
+// orphaned and not adopted yet. A replica the client reconnected to leases
+// none of them until the holder hands them over or ends them, or the
+// orphans are adopted here or deleted. An orphan counts as held until
+// then: a replica that gives up its rows once it can reach the database
+// again (AbandonReplica) may orphan them between this replica's adoption
+// of orphans and its look at what is held, and a context let go then would
+// be leased anew while its lease, orphaned, is still to be adopted.
 func (s *Store) LeasedElsewhere(ctx context.Context, userID, clientID string) ([]string, error) {
 	const op = "history.LeasedElsewhere"
 	if err := s.clustered(op); err != nil {
@@ -227,7 +232,7 @@ func (s *Store) LeasedElsewhere(ctx context.Context, userID, clientID string) ([
 	}
 	var ids []string
 	err := s.db.WithContext(ctx).Raw(`SELECT DISTINCT context_id FROM leases
-WHERE user_id = ? AND client_id = ? AND orphaned_at IS NULL AND expires_at > now()
+WHERE user_id = ? AND client_id = ? AND expires_at > now()
 AND replica_id <> COALESCE(current_setting('`+replicaSetting+`', true), '')`, userID, clientID).Scan(&ids).Error
 	if err != nil {
 		return nil, s.replicaErr(op, err)

@@ -216,3 +216,45 @@ func twoReplicas(t *testing.T, idA, idB string) (base, a, b *history.Store) {
 	require.NoError(t, b.JoinReplica(context.Background(), idB, "", time.Hour))
 	return base, a, b
 }
+
+// A context whose lease row another replica holds stays held from another
+// replica's view until that row is gone or this replica's own: orphaned
+// and not adopted yet, it still stands for a lease the client's replica
+// is to adopt.
+func TestLeasedElsewhereCountsOrphansUntilAdopted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, a, b := twoReplicas(t, "elseaaaa", "elsebbbb")
+
+	expires := time.Now().Add(time.Hour).UTC()
+	row := func(token, contextID string, epoch int64, exp time.Time) history.PutLease {
+		return history.PutLease{Kind: history.LeaseNew, TokenDigest: sha256.Sum256([]byte(token)), UserID: "u1", ClientID: "c1",
+			ContextID: contextID, TaskID: "t1", Epoch: epoch, TTL: time.Minute, ExpiresAt: exp}
+	}
+	require.NoError(t, a.Write(ctx, row("held", "x1", 3, expires), row("ended", "x2", 4, expires),
+		row("expired", "x3", 5, time.Now().Add(-time.Minute).UTC())))
+	require.NoError(t, a.Write(ctx, history.DeleteLease{TokenDigest: sha256.Sum256([]byte("ended"))}))
+	held := func() []string {
+		t.Helper()
+		ids, err := b.LeasedElsewhere(ctx, "u1", "c1")
+		require.NoError(t, err)
+		return ids
+	}
+	require.Equal(t, []string{"x1"}, held())
+	own, err := a.LeasedElsewhere(ctx, "u1", "c1")
+	require.NoError(t, err)
+	require.Empty(t, own, "a replica's own rows are not elsewhere")
+
+	// A gives its rows up: orphaned, x1's lease is still to be adopted.
+	require.NoError(t, a.AbandonReplica(ctx, "elseaaaa", time.Now()))
+	orphans, err := b.OrphanedLeases(ctx, "u1", "c1")
+	require.NoError(t, err)
+	require.Len(t, orphans, 1)
+	require.Equal(t, []string{"x1"}, held(), "an orphan not adopted yet holds its context")
+
+	// B adopts it: it is B's own now.
+	claim := orphans[0]
+	claim.Kind, claim.Generation = history.LeaseClaim, claim.Generation+1
+	require.NoError(t, b.Write(ctx, claim))
+	require.Empty(t, held())
+}

@@ -284,10 +284,10 @@ func awaitFor(m *cluster.Member, grace time.Duration) time.Duration {
 	return grace + 3*m.TTL()
 }
 
-// lapseAwaiting ends the waits of contexts whose lease rows another
-// replica no longer holds (released there, or orphaned and adopted here
-// by adoptOrphans just before), or whose wait ran out. The member runs it
-// every tick.
+// lapseAwaiting ends the waits of contexts whose lease rows no other
+// replica holds and no orphan stands for (released there, adopted here by
+// adoptOrphans, or deleted unadopted), or whose wait ran out. The member
+// runs it every tick.
 func (s *Server) lapseAwaiting(ctx context.Context) {
 	for _, uc := range s.reg.Awaiting() {
 		held, err := s.store.LeasedElsewhere(ctx, uc[0], uc[1])
