@@ -31,15 +31,21 @@ import (
 // one PostgreSQL behind a balancer, SIGKILLs the replica that holds the
 // contexts' client a third of the way through each history (its client
 // reconnects through the balancer, which stops sending to the dead one),
-// and checks each history with porcupine against linearize.FaultModel: a
-// call whose answer died with the replica may have taken effect or not,
-// and while the client is away what needs it does nothing; otherwise one
-// lease per context, epochs rising, an ended lease never used again.
+// and halfway through freezes PostgreSQL (every process of its own
+// cluster stopped for 2.5 s, over twice the replicas' TTL): the survivors
+// fence, forget their clients and leases, and give them up once the
+// database answers again, to be adopted where the clients reconnect. Each
+// history is checked with porcupine against linearize.FaultModel: a call
+// whose answer died with the replica may have taken effect or not, and
+// while the client is away what needs it does nothing; otherwise one lease
+// per context, epochs rising, an ended lease never used again.
 func TestClusterLinearizableThroughAKill(t *testing.T) {
 	needProcesses(t)
 	t.Parallel()
 	const contexts, callers, opsEach = 3, 4, 400
-	dsn := emptyPostgres(t)
+	const stall = 2500 * time.Millisecond
+	pg := rig.NewPGCluster(t)
+	dsn := pg.URL()
 	replicas := make([]*rig.Serve, 3)
 	for i := range replicas {
 		replicas[i] = rig.NewServe(bin, rig.FreeAddr(t), adminKey, dsn, "--replica-ttl", "1s")
@@ -71,8 +77,8 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 		require.Equal(t, 201, ans.Status, "%s", ans)
 
 		d := &killing{Driver: linearize.HTTPDriver{API: api, App: app, Admin: adminKey, User: user, Client: "lin-client"},
-			at: callers * opsEach / 4, kill: make(chan struct{})}
-		killed := make(chan struct{})
+			at: callers * opsEach / 4, kill: make(chan struct{}), stallAt: callers * opsEach / 2, stall: make(chan struct{})}
+		killed, thawed := make(chan struct{}), make(chan error, 1)
 		go func() {
 			<-d.kill
 			replicas[victim].Proc.Kill()
@@ -80,11 +86,21 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 			lb.drop(victim) // as a balancer's health check would, soon after
 			close(killed)
 		}()
+		go func() {
+			<-d.stall
+			thawed <- pg.Freeze(stall)
+		}()
 		h := linearize.Record(d, uint64(7000+round), callers, opsEach)
 		select {
 		case <-killed:
 		default:
 			t.Fatalf("round %d: the history ended before the kill", round)
+		}
+		select {
+		case err := <-thawed:
+			require.NoError(t, err, "round %d: the database's freeze", round)
+		default:
+			t.Fatalf("round %d: the history ended before the database thawed", round)
 		}
 		res, info := porcupine.CheckOperationsVerbose(linearize.FaultModel(contexts), h, 2*time.Minute)
 		if res != porcupine.Ok {
@@ -130,8 +146,8 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 		replicas[victim].Start(t)
 		lb.restore(victim)
 	}
-	t.Logf("%d histories, each through a replica's SIGKILL: %d operations; %d of unknown outcome (%d of them with their answer lost), %d not_live; %d succeeded after the kill, %d of them renews and sends on leases from before it; all linearizable",
-		*rounds, total, unknown, lost, notLive, okAfter, kept)
+	t.Logf("%d histories, each through a replica's SIGKILL and a %v freeze of the database: %d operations; %d of unknown outcome (%d of them with their answer lost), %d not_live; %d succeeded after the kill, %d of them renews and sends on leases from before it; all linearizable",
+		*rounds, stall, total, unknown, lost, notLive, okAfter, kept)
 	for _, r := range replicas {
 		require.NoError(t, r.Proc.Stop(30*time.Second))
 	}
@@ -144,14 +160,15 @@ func b2i(b bool) int {
 	return 0
 }
 
-// killing is a linearize.Driver that closes kill as its at-th call starts,
-// and counts, once dead is set, the calls that succeed, and among them the
-// renews and sends on leases acquired before the kill.
+// killing is a linearize.Driver that closes kill as its at-th call starts
+// and stall as its stallAt-th does, and counts, once dead is set, the calls
+// that succeed, and among them the renews and sends on leases acquired
+// before the kill.
 type killing struct {
 	linearize.Driver
-	at    int64
-	calls atomic.Int64
-	kill  chan struct{}
+	at, stallAt int64
+	calls       atomic.Int64
+	kill, stall chan struct{}
 
 	dead       atomic.Bool
 	before     sync.Map // lease tokens acquired before the kill
@@ -163,8 +180,11 @@ func (k *killing) count() {
 	// The calls are paced so that a history outlasts the dead replica's
 	// reaping and its leases' adoption: load shape, not synchronisation.
 	time.Sleep(8 * time.Millisecond)
-	if k.calls.Add(1) == k.at {
+	switch k.calls.Add(1) {
+	case k.at:
 		close(k.kill)
+	case k.stallAt:
+		close(k.stall)
 	}
 }
 

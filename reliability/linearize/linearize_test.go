@@ -229,10 +229,13 @@ func TestModelRejects(t *testing.T) {
 			op(0, 2, 3, Input{Kind: Release, Lease: 0}, Output{OK: true}),
 			op(1, 4, 5, Input{Kind: Renew, Lease: 0}, Output{OK: true}),
 		},
-		"a revoked lease is not_live, not lost": {
+		"a revoked lease comes back": {
 			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
 			op(0, 2, 3, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
-			op(1, 4, 5, Input{Kind: Send, Lease: 0}, Output{Reason: "not_live"}),
+			op(1, 4, 5, Input{Kind: Send, Lease: 0}, Output{OK: true}),
+		},
+		"a token never issued is not_live": {
+			op(1, 0, 1, Input{Kind: Send, Lease: -1}, Output{Reason: "not_live"}),
 		},
 		"an active lease is unknown": {
 			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
@@ -270,6 +273,8 @@ func TestModelRejects(t *testing.T) {
 		// How a lease ended died with its replica.
 		op(1, 18, 19, Input{Kind: Revoke, Context: 0}, Output{OK: true}),
 		op(1, 20, 21, Input{Kind: Renew, Lease: 2}, Output{Reason: "unknown_lease"}),
+		// Or its replica tells first that its context is not live.
+		op(1, 22, 23, Input{Kind: Send, Lease: 2}, Output{Reason: "not_live"}),
 	}
 	require.True(t, porcupine.CheckOperations(FaultModel(nContexts), faultGood))
 	require.False(t, porcupine.CheckOperations(Model(nContexts), faultGood), "without faults, none of that holds")

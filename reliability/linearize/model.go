@@ -112,8 +112,9 @@ func Model(n int) porcupine.Model { return model(n, false) }
 // end of the history), and while the contexts' client reconnects, what
 // cannot reach it does nothing: an acquire finds no context, or one idle
 // but not the longest idle (a reconnection reorders them); a send or renew
-// fails not_live; a release or revoke answers false; and a lease that ended
-// may be unknown_lease (its replica remembered how). Everything else holds
+// fails not_live, on an ended lease too (its context is not live, which
+// DESIGN §3 tells first); a release or revoke answers false; and a lease
+// that ended may be unknown_lease (its replica remembered how). Everything else holds
 // as in Model: one lease per context, epochs rising, and an ended lease
 // never used again.
 func FaultModel(n int) porcupine.Model { return model(n, true) }
@@ -259,7 +260,9 @@ func (s State) away(i Input, o Output) []State {
 	case Renew, Send:
 		switch st := s.status(i.Lease); {
 		case o.OK:
-		case st == active && o.Reason == "not_live":
+		case st != never && o.Reason == "not_live":
+			// Its client is away, so its context is not live: DESIGN §3's
+			// first match, before how an ended lease ended.
 			return []State{s}
 		case st != active && st != never && o.Reason == "unknown_lease":
 			// How it ended was remembered by the replica that died.

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -105,4 +107,56 @@ func (c *PGCluster) Stop(mode string) time.Duration {
 		c.t.Fatalf("pg_ctl stop: %v\n%s", err, out)
 	}
 	return time.Since(start)
+}
+
+// Freeze stops every process of the server (SIGSTOP) for d, then lets them
+// go on: the database stops answering without closing a connection or
+// losing a write, as under a stall of its host. Linux only (it finds the
+// postmaster's children in /proc).
+func (c *PGCluster) Freeze(d time.Duration) error {
+	pids, err := c.processes()
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	time.Sleep(d)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
+	return nil
+}
+
+// processes returns the postmaster's pid, then its children's.
+func (c *PGCluster) processes() ([]int, error) {
+	head, err := os.ReadFile(filepath.Join(c.Dir, "postmaster.pid"))
+	if err != nil {
+		return nil, err
+	}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(head), "\n", 2)[0]))
+	if err != nil {
+		return nil, fmt.Errorf("postmaster.pid: %w", err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	pids := []int{pm}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses.
+		rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pm) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
