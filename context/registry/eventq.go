@@ -1,12 +1,19 @@
 package registry
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // eventChunk is how many events one chunk of the event queue holds.
 const eventChunk = 256
 
-// maxFreeChunks bounds the delivered chunks kept for reuse.
+// maxFreeChunks is how many delivered chunks are kept for reuse at least.
 const maxFreeChunks = 64
+
+// trimEvery is how often the chunks kept beyond maxFreeChunks are reckoned
+// again from what the notifier's rounds took since.
+const trimEvery = 10 * time.Second
 
 // eventQueue is the registry's ordered queue of events, in chunks. Events
 // are queued under r.mu on every lease transition; in one growing slice,
@@ -21,6 +28,14 @@ type eventQueue struct {
 	freeMu sync.Mutex
 	free   [][]Event // delivered chunks, emptied
 	outer  [][]Event // a delivered chunks slice, emptied, for the next take
+	// peak is the most chunks one round of the notifier took since the
+	// last trim, and as many delivered chunks are kept, if more than
+	// maxFreeChunks: while it falls behind a churn, the producers fill as
+	// many as it delivers at once, and a new chunk is allocated, and
+	// zeroed, under r.mu (96 KiB; in-process churns spent a fifth of an
+	// acquire and release on it and the collections it caused).
+	peak    int
+	trimmed time.Time // when trim last reckoned
 }
 
 // push queues ev; r.mu is held.
@@ -60,9 +75,11 @@ func (q *eventQueue) take() [][]Event {
 func (q *eventQueue) release(chunks [][]Event) {
 	q.freeMu.Lock()
 	defer q.freeMu.Unlock()
+	q.peak = max(q.peak, len(chunks))
+	keep := max(maxFreeChunks, q.peak)
 	for i, c := range chunks {
 		clear(c) // drops what the events referenced
-		if len(q.free) < maxFreeChunks {
+		if len(q.free) < keep {
 			q.free = append(q.free, c[:0])
 		}
 		chunks[i] = nil
@@ -70,4 +87,21 @@ func (q *eventQueue) release(chunks [][]Event) {
 	if q.outer == nil && chunks != nil {
 		q.outer = chunks[:0]
 	}
+}
+
+// trim gives back, once every trimEvery, the kept chunks beyond what the
+// notifier's rounds took since the last time (and maxFreeChunks): what a
+// burst's backlog held is freed within two of them once it is gone.
+func (q *eventQueue) trim(now time.Time) {
+	q.freeMu.Lock()
+	defer q.freeMu.Unlock()
+	if now.Sub(q.trimmed) < trimEvery {
+		return
+	}
+	q.trimmed = now
+	if keep := max(maxFreeChunks, q.peak); len(q.free) > keep {
+		clear(q.free[keep:])
+		q.free = q.free[:keep]
+	}
+	q.peak = 0
 }

@@ -436,7 +436,8 @@ func (r *Registry) Stats() Stats {
 }
 
 // PruneMemory drops remembered ended leases and finished commands older than
-// EndedMemory. The expiry loop calls it; tests call it after moving a fake
+// EndedMemory, and event chunks kept beyond what a while's deliveries
+// needed. The expiry loop calls it; tests call it after moving a fake
 // clock.
 func (r *Registry) PruneMemory() {
 	r.mu.Lock()
@@ -445,6 +446,7 @@ func (r *Registry) PruneMemory() {
 	r.endedLeases.prune(now)
 	r.moved.prune(now)
 	r.endedCommands.prune(now)
+	r.after.events.trim(now)
 }
 
 // tokenKey is how the registry knows a lease: the SHA-256 of its token. A
