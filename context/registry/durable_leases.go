@@ -268,17 +268,7 @@ func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 				c.grace = nil
 			}
 			for _, w := range c.contexts {
-				if l := w.lease; l != nil {
-					delete(r.leases, l.key)
-					if l.heapIndex >= 0 {
-						heapRemove(r, l)
-					}
-					w.lease = nil
-				}
-				w.live = false
-				r.refreshIdle(w)
-				leave(w)
-				delete(c.contexts, w.id)
+				r.leave(w)
 			}
 			r.dropClient(c)
 		}

@@ -89,11 +89,6 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 			hc.Lease = &HandedLease{TokenDigest: hex.EncodeToString(l.key[:]), TaskID: l.taskID, Epoch: l.epoch,
 				TTL: l.ttl, ExpiresAt: l.expiresAt, RenewOnUse: l.renewOnUse, ClearState: l.clearState, Generation: l.generation,
 				LeaseWebhook: l.webhook, LeaseWebhookKeyID: l.webhookKey}
-			delete(r.leases, l.key)
-			if l.heapIndex >= 0 {
-				heapRemove(r, l)
-			}
-			w.lease = nil
 			r.moved.put(l.key.ended(), to, now)
 		}
 		if w.awaiting {
@@ -101,10 +96,7 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 			r.stopAwaiting(w)
 		}
 		out.Contexts = append(out.Contexts, hc)
-		w.live = false
-		r.refreshIdle(w)
-		leave(w)
-		delete(c.contexts, w.id)
+		r.leave(w)
 	}
 	r.dropClient(c)
 	return out, true

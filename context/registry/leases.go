@@ -90,12 +90,24 @@ type ctxIdent struct {
 	left bool
 }
 
-// leave marks the ended leases of w, which leaves this registry with its
-// client, as those of a context it no longer knows; r.mu is held.
-func leave(w *wctx) {
+// leave takes w out of this registry without ending its lease, which
+// lives on elsewhere: its client went to another replica (HandOver), or
+// this one was fenced (Forget). The leases of w that ended here become
+// those of a context it no longer knows; r.mu is held.
+func (r *Registry) leave(w *wctx) {
+	if l := w.lease; l != nil {
+		delete(r.leases, l.key)
+		if l.heapIndex >= 0 {
+			heapRemove(r, l)
+		}
+		w.lease = nil
+	}
+	w.live = false
+	r.refreshIdle(w)
 	if w.ident != nil {
 		w.ident.left = true
 	}
+	delete(w.client.contexts, w.id)
 }
 
 // identOf returns w's ident, made once per context; r.mu is held.
