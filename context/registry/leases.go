@@ -457,7 +457,7 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason),
 		ClearState: l.clearState})
 	r.discharge(l) // after the event: a slot it frees goes to the next lease
-	r.refreshIdle(w)
+	r.refreshIdleAt(w, now)
 }
 
 // check finds the active lease of handle h and confirms its context is live

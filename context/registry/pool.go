@@ -171,7 +171,11 @@ func (p *pool) waiting() (own, standIns int) {
 // handing a newly idle context to the first matching waiter; r.mu is held.
 // When that hand-over fails, the waiter gets the error and w still goes on
 // the idle list.
-func (r *Registry) refreshIdle(w *wctx) {
+func (r *Registry) refreshIdle(w *wctx) { r.refreshIdleAt(w, time.Time{}) }
+
+// refreshIdleAt is refreshIdle for a caller that read the clock already
+// (now; zero when it did not): a release reads it once under r.mu.
+func (r *Registry) refreshIdleAt(w *wctx, now time.Time) {
 	p := w.client.pool
 	if !w.idle() {
 		if w.idleOn != nil {
@@ -182,7 +186,9 @@ func (r *Registry) refreshIdle(w *wctx) {
 	if w.idleOn != nil {
 		return
 	}
-	now := r.clock.Now()
+	if now.IsZero() {
+		now = r.clock.Now()
+	}
 	for e := p.waiters.Front(); e != nil; e = e.Next() {
 		wt := e.Value.(*waiter)
 		if w.matches(&wt.req) && r.quotaAdmit(wt.l, &wt.req) == nil {

@@ -265,7 +265,6 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		}
 	}
 	r := &Registry{
-		mu:            newSpinMutex(),
 		cfg:           cfg,
 		clock:         cfg.Clock,
 		store:         cfg.Store,

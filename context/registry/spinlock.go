@@ -20,22 +20,27 @@ import (
 // critical sections take a microsecond or two, so a waiter that retries
 // for up to spinFor takes the lock once it is free, and parks only when
 // the holder is itself off its processor.
+//
+// With one processor the holder of a held lock is off it, and retrying only
+// delays it. The processor governor (internal/procs) changes GOMAXPROCS
+// while the registry runs, so a Lock that finds the lock held reads it then
+// (a few tens of nanoseconds, beside retries of microseconds).
 type spinMutex struct {
 	sync.Mutex
-	spin bool // set once, before use: GOMAXPROCS was above one
 }
 
 // spinFor bounds the retries of one Lock: several critical sections.
 const spinFor = 10 * time.Microsecond
 
-func newSpinMutex() spinMutex { return spinMutex{spin: runtime.GOMAXPROCS(0) > 1} }
+// spins reports whether a Lock that finds m held retries before it parks.
+func spins() bool { return runtime.GOMAXPROCS(0) > 1 }
 
 // Lock locks m.
 func (m *spinMutex) Lock() {
 	if m.TryLock() {
 		return
 	}
-	if m.spin {
+	if spins() {
 		start := time.Now()
 		for i := 1; ; i++ {
 			if m.TryLock() {
