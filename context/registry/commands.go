@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,6 +63,11 @@ type command struct {
 	res      cheetah.Resolution
 	terminal cheetah.MessageKind
 	endedAt  time.Time
+	// uncertain is set when the replica fenced (Forget) before the end was
+	// durable: a mark of the replica's rows may commit first, and overrule
+	// it. Its caller then hears what history holds (resolve). Atomic: a
+	// write's callback reads it once the registry closed (endWritten).
+	uncertain atomic.Bool
 	// preserving is set while a waiting caller holds the lease through this
 	// command (invariant 5).
 	preserving bool

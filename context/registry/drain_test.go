@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,4 +227,114 @@ func TestTraceIDs(t *testing.T) {
 	require.NotEqual(t, s1.TraceID, s2.TraceID)
 	require.Regexp(t, `^00-`+s1.TraceID+`-[0-9a-f]{16}-01$`, f1.Traceparent)
 	require.NotContains(t, f1.Traceparent, "0000000000000000")
+}
+
+// A replica that fences forgets its clients, which ends the commands
+// dispatched to them disconnected; its rows are marked interrupted when it
+// gives them up (AbandonReplica) or is reaped, and when that mark lands
+// first, the disconnected end changes nothing in history: the waiting
+// caller hears what history holds.
+func TestForgetTellsTheEndHistoryHolds(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t1")
+	waiting := e.sendAndWait(l, "slow")
+	f := cmdFrame(t, c, 1)
+	e.awaitRecord(t, f.CommandID)
+
+	e.markInterrupted(t, 1)
+	e.reg.Forget(protocol.CloseGoingAway, "fenced")
+
+	e.requireToldAsHistoryHolds(t, waiting, f.CommandID, cheetah.StatusInterrupted)
+	require.Zero(t, e.reg.InFlight())
+}
+
+// awaitRecord waits until the record of command id is durable.
+func (e *env) awaitRecord(t *testing.T, id string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := e.store.Get(context.Background(), user, id)
+		return err == nil
+	}, 10*time.Second, time.Millisecond, "the record of %s is durable", id)
+}
+
+// markInterrupted marks the commands in flight in history interrupted, as
+// a replica's rows are when it gives them up, and checks it marked n.
+func (e *env) markInterrupted(t *testing.T, n int64) {
+	t.Helper()
+	got, err := e.store.MarkInterrupted(context.Background(), time.Now())
+	require.NoError(t, err)
+	require.Equal(t, n, got, "the mark lands first")
+}
+
+// requireToldAsHistoryHolds checks that the wait on command id was told
+// what history holds, with status.
+func (e *env) requireToldAsHistoryHolds(t *testing.T, waiting chan waited, id string, status cheetah.Status) {
+	t.Helper()
+	w := receive(t, waiting)
+	require.NoError(t, w.err)
+	rec, err := e.store.Get(context.Background(), user, id)
+	require.NoError(t, err)
+	require.Equal(t, status, rec.Status)
+	require.Equal(t, rec.Resolution(), w.res, "what history holds")
+}
+
+// pausedWrites is a history store whose WriteAsync waits while it is
+// paused, as the writer's does while its queue is full: what the registry
+// decided reaches the database later.
+type pausedWrites struct {
+	*history.Store
+	mu   sync.Mutex
+	gate chan struct{} // nil while not paused
+}
+
+func (s *pausedWrites) pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gate = make(chan struct{})
+}
+
+func (s *pausedWrites) resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.gate)
+	s.gate = nil
+}
+
+func (s *pausedWrites) WriteAsync(done func(error), ops ...history.Op) {
+	s.mu.Lock()
+	gate := s.gate
+	s.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	s.Store.WriteAsync(done, ops...)
+}
+
+// An end decided before the replica fenced and written only after a mark
+// of its rows (others reaped it while it was cut off from the database)
+// changes nothing in history: its caller hears what history holds, not
+// what the registry had decided.
+func TestEndOverruledByAMarkIsToldAsHistoryHoldsIt(t *testing.T) {
+	t.Parallel()
+	ps := &pausedWrites{}
+	e := setup(t, func(cfg *registry.Config) {
+		ps.Store = cfg.Store.(*history.Store)
+		cfg.Store = ps
+	})
+	c := e.connect("a", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	waiting := e.sendAndWait(l, "quick")
+	f := cmdFrame(t, c, 1)
+	e.awaitRecord(t, f.CommandID)
+
+	ps.pause()
+	e.result(c, f.CommandID, `{"ok":true}`)
+	require.Eventually(t, func() bool { return e.reg.InFlight() == 0 }, 10*time.Second, time.Millisecond, "completed, not written")
+	e.markInterrupted(t, 1)
+	e.reg.Forget(protocol.CloseGoingAway, "fenced")
+	ps.resume()
+
+	e.requireToldAsHistoryHolds(t, waiting, f.CommandID, cheetah.StatusInterrupted)
 }

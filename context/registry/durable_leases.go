@@ -248,11 +248,18 @@ func (r *Registry) Connected(userID, clientID string) bool {
 // ReconnectGrace is how long a disconnected client's leases survive.
 func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace }
 
-// Forget drops every client, context and lease, writing nothing: what a
-// replica does once it may no longer act (fenced), since other replicas
+// Forget drops every client, context and lease, writing no lease row: what
+// a replica does once it may no longer act (fenced), since other replicas
 // may take its clients and leases over from now on. Its connections are
-// closed with code; tokens of its leases, active or ended, then answer as
+// closed with code, which ends the commands dispatched on them
+// disconnected; tokens of its leases, active or ended, then answer as
 // unknown here.
+//
+// The replica's commands in flight are marked interrupted in history when
+// it gives its rows up (history.Store.AbandonReplica) or the others reap
+// it, and an end not durable yet may be written after such a mark, which
+// it then leaves as it was: the caller waiting for such an end hears, once
+// it is written, what history holds (command.uncertain).
 func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -272,5 +279,8 @@ func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 			}
 			r.dropClient(c)
 		}
+	}
+	for c := range r.ending {
+		c.uncertain.Store(true)
 	}
 }

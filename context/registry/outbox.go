@@ -2,8 +2,10 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/history"
@@ -188,8 +190,17 @@ func (r *Registry) endWritten(c *command, err error) {
 		return
 	}
 	r.after.endsMu.Unlock()
+	if err == nil && c.uncertain.Load() {
+		// Closed, the registry starts no read of history: the caller is
+		// told to read it.
+		err = errEndUnread
+	}
 	r.resolve(c, err)
 }
+
+// errEndUnread is why a caller of an uncertain end (command.uncertain) was
+// not told it: the registry closed before it could read it.
+var errEndUnread = errors.New("the broker stopped before it read the command's end from history")
 
 // resolve hands c's waiting caller (if any) its outcome: the resolution, or
 // store_unavailable when the end could not be made durable (invariant 8:
@@ -199,14 +210,39 @@ func (r *Registry) resolve(c *command, werr error) {
 		return
 	}
 	o := outcome{res: c.res}
-	if werr != nil {
+	switch {
+	case werr != nil:
 		o = outcome{err: cheetah.StoreUnavailable("registry: record the command's end", werr)}
+	case c.uncertain.Load():
+		// The end is written, but a mark may have committed first.
+		r.wg.Go(func() { r.resolveAs(c, r.readEnd(c)) })
+		return
 	}
+	r.resolveAs(c, o)
+}
+
+// resolveAs hands c's waiting caller o. It never blocks.
+func (r *Registry) resolveAs(c *command, o outcome) {
 	select {
 	case c.resolved <- o:
 	default: // Close resolved it already
 	}
 }
+
+// readEnd is the outcome of c as history holds it.
+func (r *Registry) readEnd(c *command) outcome {
+	ctx, cancel := context.WithTimeout(r.bg, readEndTimeout)
+	defer cancel()
+	rec, err := r.store.Get(ctx, c.user, c.rec.CommandID)
+	if err != nil {
+		return outcome{err: cheetah.StoreUnavailable("registry: read the command's end", err)}
+	}
+	return outcome{res: rec.Resolution()}
+}
+
+// readEndTimeout bounds readEnd: the caller is told store_unavailable
+// after it, and reads history itself.
+const readEndTimeout = 10 * time.Second
 
 // notifyLoop delivers events, ends spans and resolves waiting callers, in
 // the order they were queued. It stops once Close was called and nothing is
