@@ -103,6 +103,14 @@ type Config struct {
 	// clients (cut their connections) before it returns. The member joins
 	// again afterwards.
 	OnFenced func()
+	// Settle, when set, returns once every write the replica decided
+	// before it is durable, or fails. A replica back from a fence calls it
+	// before it gives up what it held (Store.AbandonReplica): a lease's
+	// end decided before the fence (a revoke, a release waiting for its
+	// row's deletion) must land while the row is still this replica's,
+	// or it would change nothing once the row is an orphan, and the lease
+	// would be adopted again after its caller heard it ended.
+	Settle func(ctx context.Context) error
 }
 
 func (c *Config) fill() {
@@ -123,6 +131,9 @@ func (c *Config) fill() {
 	}
 	if c.OnFenced == nil {
 		c.OnFenced = func() {}
+	}
+	if c.Settle == nil {
+		c.Settle = func(context.Context) error { return nil }
 	}
 }
 
@@ -380,6 +391,10 @@ func (m *Member) tick() {
 		// then, and is given up now, before it acts again; anything it
 		// gained meanwhile (a hello under way) is dropped too.
 		m.cfg.OnFenced()
+		if err := m.cfg.Settle(ctx); err != nil {
+			m.cfg.Log.Warn("cluster: could not write what this replica decided before it fenced", "replica", m.cfg.ID, "err", err)
+			return
+		}
 		if err := m.cfg.Store.AbandonReplica(ctx, m.cfg.ID, m.cfg.Clock.Now()); err != nil {
 			m.cfg.Log.Warn("cluster: could not give up what this replica held", "replica", m.cfg.ID, "err", err)
 			return

@@ -2,12 +2,15 @@ package cluster_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,6 +179,75 @@ func (c *waitingClock) waits(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.waiting) >= n
+}
+
+// waited counts the waits on every ticker so far.
+func (c *waitingClock) waited() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, k := range c.waiting {
+		n += k
+	}
+	return n
+}
+
+// A replica back from a fence first writes what it decided before
+// (Settle), then gives up what it held: a lease ended before the fence,
+// whose row's deletion was held through the outage, has its row deleted
+// while it is still the replica's, rather than orphaned and adopted again.
+// While that write fails, the replica stays fenced and gives up nothing.
+func TestFencedReplicaSettlesBeforeItGivesUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := historytest.NewPostgres(t)
+	store := historytest.Beside(t, base, historytest.Replica("settle01"))
+	other := historytest.Joined(t, base, "settle02")[0]
+	clock := &waitingClock{FakeClock: clockwork.NewFakeClock(), waiting: map[*waitingTicker]int{}}
+	row := func(token, contextID string) history.PutLease {
+		return history.PutLease{Kind: history.LeaseNew, TokenDigest: sha256.Sum256([]byte(token)), UserID: "u1", ClientID: "c1",
+			ContextID: contextID, TaskID: "t1", Epoch: 1, TTL: time.Hour, ExpiresAt: time.Now().Add(time.Hour).UTC()}
+	}
+	ended, held := row("ended", "x1"), row("held", "x2")
+	var settles atomic.Int32
+	var answers atomic.Bool
+	settle := func(ctx context.Context) error {
+		settles.Add(1)
+		if !answers.Load() {
+			return errors.New("the database does not answer yet")
+		}
+		// Decided before the fence, written only now.
+		return store.Write(ctx, history.DeleteLease{TokenDigest: ended.TokenDigest})
+	}
+	m, err := cluster.Join(ctx, cluster.Config{Store: store, ID: "settle01", Clock: clock,
+		TTL: 5 * time.Second, Interval: time.Second, Settle: settle})
+	require.NoError(t, err)
+	require.NoError(t, store.Write(ctx, ended, held))
+	m.Start()
+	t.Cleanup(func() { require.NoError(t, m.Stop(context.Background())) })
+	orphans := func() []string {
+		t.Helper()
+		rows, err := other.ClaimOrphanedLeases(ctx, "u1", "c1")
+		require.NoError(t, err)
+		var ids []string
+		for _, r := range rows {
+			ids = append(ids, r.ContextID)
+		}
+		return ids
+	}
+
+	require.Eventually(t, func() bool { return clock.waits(2) }, guard, time.Millisecond)
+	before := clock.waited()
+	clock.Advance(6 * time.Second) // the row may have lapsed: a fence
+	require.Eventually(t, func() bool { return settles.Load() > 0 && clock.waited() >= before+2 }, guard, time.Millisecond,
+		"a try, and both loops wait again")
+	require.False(t, m.Valid())
+	require.Empty(t, orphans(), "nothing given up while the write fails")
+
+	answers.Store(true)
+	clock.Advance(time.Second)
+	require.Eventually(t, m.Valid, guard, time.Millisecond)
+	require.Equal(t, []string{"x2"}, orphans(), "the lease ended before the fence stays ended; the other is given up")
 }
 
 // A row that lapsed between two renewals fences the replica even when the

@@ -134,6 +134,10 @@ func putValues(l *PutLease, vals []any) {
 		l.Epoch, l.TTL.Milliseconds(), l.RenewOnUse, utc(l.ExpiresAt), l.ClearState, l.Generation})
 }
 
+// abandoned is the replica_id of rows given up: no replica's id (those are
+// 8 hex digits), so the rows are nobody's, and orphans.
+const abandoned = "abandoned"
+
 // AbandonReplica gives up what replica id held before it was fenced, once
 // it can reach the database again without having been reaped: it forgot its
 // clients and leases when it fenced, so its lease rows become orphans at
@@ -145,9 +149,7 @@ func (s *Store) AbandonReplica(ctx context.Context, id string, at time.Time) err
 		return err
 	}
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// abandoned is no replica id (they are 8 hex digits): the rows are
-		// nobody's, and orphans.
-		if err := tx.Exec(`UPDATE leases SET replica_id = 'abandoned', orphaned_at = now() WHERE replica_id = ?`, id).Error; err != nil {
+		if err := tx.Exec(`UPDATE leases SET replica_id = ?, orphaned_at = now() WHERE replica_id = ?`, abandoned, id).Error; err != nil {
 			return err
 		}
 		if err := s.armInterrupted(tx.Where("replica_id = ?", id), at, op); err != nil {
@@ -175,13 +177,17 @@ func (s *Store) OrphanLeases(ctx context.Context, grace time.Duration) error {
 		grace.Milliseconds()).Error)
 }
 
-// OrphanedLeases returns the orphaned rows of a user's client that have
-// not expired: what the replica the client is connected to adopts. A row
-// beside one of a later epoch on its context is left out: epochs grow per
-// context, so its lease was lost, and adopting it would fence the later
-// one's holder off with an older epoch.
-func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]PutLease, error) {
-	const op = "history.OrphanedLeases"
+// ClaimOrphanedLeases makes the orphaned rows of a user's client that have
+// not expired this replica's, and returns them at the generation it
+// claimed them with: what the replica the client is connected to adopts.
+// The claim is one statement, so of two replicas that claim the same
+// orphan (a client's hello on one, a stale one on another) exactly one
+// gets it. A row beside one of a later epoch on its context is left out:
+// epochs grow per context, so its lease was lost, and adopting it would
+// fence the later one's holder off with an older epoch. What the registry
+// does not take goes back with GiveBackLeases.
+func (s *Store) ClaimOrphanedLeases(ctx context.Context, userID, clientID string) ([]PutLease, error) {
+	const op = "history.ClaimOrphanedLeases"
 	if err := s.clustered(op); err != nil {
 		return nil, err
 	}
@@ -197,10 +203,12 @@ func (s *Store) OrphanedLeases(ctx context.Context, userID, clientID string) ([]
 		Generation  int64
 	}
 	var rows []row
-	err := s.db.WithContext(ctx).Raw(`SELECT token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at, generation FROM leases AS l
+	err := s.db.WithContext(ctx).Raw(`UPDATE leases AS l SET replica_id = COALESCE(current_setting('`+replicaSetting+`', true), ''),
+	orphaned_at = NULL, generation = l.generation + 1
 WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at > now()
 	AND NOT EXISTS (SELECT 1 FROM leases AS n WHERE n.user_id = l.user_id AND n.client_id = l.client_id
-		AND n.context_id = l.context_id AND n.epoch > l.epoch)`, userID, clientID).Scan(&rows).Error
+		AND n.context_id = l.context_id AND n.epoch > l.epoch)
+RETURNING token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_state, expires_at, generation`, userID, clientID).Scan(&rows).Error
 	if err != nil {
 		return nil, s.replicaErr(op, err)
 	}
@@ -214,6 +222,25 @@ WHERE user_id = ? AND client_id = ? AND orphaned_at IS NOT NULL AND expires_at >
 		}
 	}
 	return out, nil
+}
+
+// GiveBackLeases makes orphans again the rows of digests that this replica
+// claimed (ClaimOrphanedLeases) and did not take in: for the replica the
+// client is connected to, or to be deleted unadopted after the grace.
+func (s *Store) GiveBackLeases(ctx context.Context, digests [][32]byte) error {
+	const op = "history.GiveBackLeases"
+	if err := s.clustered(op); err != nil {
+		return err
+	}
+	if len(digests) == 0 {
+		return nil
+	}
+	ds := make([][]byte, len(digests))
+	for i := range digests {
+		ds[i] = digests[i][:]
+	}
+	return s.replicaErr(op, s.db.WithContext(ctx).Exec(`UPDATE leases SET replica_id = ?, orphaned_at = now()
+WHERE token_digest IN ? AND replica_id = COALESCE(current_setting('`+replicaSetting+`', true), '')`, abandoned, ds).Error)
 }
 
 // LeasedElsewhere returns the contexts of a user's client whose lease rows

@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cheetahbroker/cheetah/history"
@@ -84,7 +87,8 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	clients, err := a.OrphanedClients(ctx)
 	require.NoError(t, err)
 	require.Equal(t, [][2]string{{"u1", "c1"}}, clients)
-	rows, err := a.OrphanedLeases(ctx, "u1", "c1")
+	// A claims it: no orphan is left, and the row is A's.
+	rows, err := a.ClaimOrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)
 	require.Len(t, rows, 1, "the deleted lease is not offered, nor brought back by an expiry write")
 	got := rows[0]
@@ -94,17 +98,18 @@ func TestLeaseRowsBelongToTheirReplica(t *testing.T) {
 	require.Equal(t, time.Minute, got.TTL)
 	require.True(t, got.RenewOnUse)
 	require.True(t, got.ClearState, "the adopter clears the context when the lease ends, as its first holder would have")
-	require.Equal(t, int64(2), got.Generation, "the adopter claims with one more")
-
-	// A adopts it: no orphan is left.
-	got.Kind = history.LeaseClaim
-	got.Generation++
-	require.NoError(t, a.Write(ctx, got))
-	rows, err = a.OrphanedLeases(ctx, "u1", "c1")
+	require.Equal(t, int64(3), got.Generation, "claimed with one more")
+	rows, err = a.ClaimOrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)
 	require.Empty(t, rows)
 	r, _ = owner()
 	require.Equal(t, "leaseaaa", r)
+	// A claim it made is ordered with its writes: a move of the lease
+	// claims with one more.
+	got.Kind = history.LeaseClaim
+	require.NoError(t, b.Write(ctx, got))
+	r, _ = owner()
+	require.Equal(t, "leaseaaa", r, "a claim of the same generation takes nothing")
 
 	// An orphan nobody adopts within the grace is deleted.
 	require.NoError(t, a.LeaveReplica(ctx, "leaseaaa"))
@@ -194,7 +199,7 @@ func TestOrphanedLeasesOfferTheLatestEpochOfAContext(t *testing.T) {
 	require.NoError(t, a.LeaveReplica(ctx, "orphaaaa"))
 	require.NoError(t, b.OrphanLeases(ctx, time.Hour))
 
-	rows, err := b.OrphanedLeases(ctx, "u1", "c1")
+	rows, err := b.ClaimOrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)
 	got := map[string]int64{}
 	for _, r := range rows {
@@ -210,11 +215,8 @@ func TestOrphanedLeasesOfferTheLatestEpochOfAContext(t *testing.T) {
 func twoReplicas(t *testing.T, idA, idB string) (base, a, b *history.Store) {
 	t.Helper()
 	base = historytest.NewPostgres(t)
-	a = historytest.Beside(t, base, historytest.Replica(idA))
-	b = historytest.Beside(t, base, historytest.Replica(idB))
-	require.NoError(t, a.JoinReplica(context.Background(), idA, "", time.Hour))
-	require.NoError(t, b.JoinReplica(context.Background(), idB, "", time.Hour))
-	return base, a, b
+	rs := historytest.Joined(t, base, idA, idB)
+	return base, rs[0], rs[1]
 }
 
 // A context whose lease row another replica holds stays held from another
@@ -247,14 +249,76 @@ func TestLeasedElsewhereCountsOrphansUntilAdopted(t *testing.T) {
 
 	// A gives its rows up: orphaned, x1's lease is still to be adopted.
 	require.NoError(t, a.AbandonReplica(ctx, "elseaaaa", time.Now()))
-	orphans, err := b.OrphanedLeases(ctx, "u1", "c1")
-	require.NoError(t, err)
-	require.Len(t, orphans, 1)
 	require.Equal(t, []string{"x1"}, held(), "an orphan not adopted yet holds its context")
 
-	// B adopts it: it is B's own now.
-	claim := orphans[0]
-	claim.Kind, claim.Generation = history.LeaseClaim, claim.Generation+1
-	require.NoError(t, b.Write(ctx, claim))
+	// B claims it: it is B's own now.
+	orphans, err := b.ClaimOrphanedLeases(ctx, "u1", "c1")
+	require.NoError(t, err)
+	require.Len(t, orphans, 1)
 	require.Empty(t, held())
+}
+
+// Replicas that claim the same client's orphans at once (its hello on one,
+// a hello of a connection already gone on another) never both get one: a
+// lease adopted twice would be held twice. What a replica gives back is an
+// orphan again, for the next claim.
+func TestOrphansAreClaimedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const replicas, leases = 6, 20
+	ids := make([]string, replicas)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("clai%04d", i)
+	}
+	stores := historytest.Joined(t, historytest.NewPostgres(t), ids...)
+	expires := time.Now().Add(time.Hour).UTC()
+	for round := range 5 {
+		client := fmt.Sprintf("c%d", round)
+		for i := range leases {
+			require.NoError(t, stores[0].Write(ctx, history.PutLease{Kind: history.LeaseNew,
+				TokenDigest: sha256.Sum256(fmt.Appendf(nil, "%s-%d", client, i)), UserID: "u1", ClientID: client,
+				ContextID: fmt.Sprintf("x%d", i), TaskID: "t1", Epoch: int64(i + 1), TTL: time.Minute, ExpiresAt: expires}))
+		}
+		require.NoError(t, stores[0].AbandonReplica(ctx, "clai0000", time.Now()))
+
+		claimed := make([][]history.PutLease, replicas)
+		var wg sync.WaitGroup
+		for i := 1; i < replicas; i++ {
+			wg.Go(func() {
+				rows, err := stores[i].ClaimOrphanedLeases(ctx, "u1", client)
+				assert.NoError(t, err)
+				claimed[i] = rows
+			})
+		}
+		wg.Wait()
+		seen := map[[32]byte]int{}
+		for i, rows := range claimed {
+			for _, r := range rows {
+				prev, twice := seen[r.TokenDigest]
+				require.False(t, twice, "round %d: lease %s claimed by replicas %d and %d", round, r.ContextID, prev, i)
+				seen[r.TokenDigest] = i
+			}
+		}
+		require.Len(t, seen, leases, "round %d: every orphan is claimed", round)
+
+		// A claimant gives its rows back; another claims them again. A
+		// replica gives back only rows that are its own.
+		giver := slices.IndexFunc(claimed, func(rows []history.PutLease) bool { return len(rows) > 0 })
+		other := 1 + giver%(replicas-1)
+		digests := make([][32]byte, len(claimed[giver]))
+		for j, r := range claimed[giver] {
+			digests[j] = r.TokenDigest
+		}
+		require.NoError(t, stores[other].GiveBackLeases(ctx, digests))
+		rows, err := stores[other].ClaimOrphanedLeases(ctx, "u1", client)
+		require.NoError(t, err)
+		require.Empty(t, rows, "round %d: rows given back by a replica they are not the rows of", round)
+		require.NoError(t, stores[giver].GiveBackLeases(ctx, digests))
+		again, err := stores[other].ClaimOrphanedLeases(ctx, "u1", client)
+		require.NoError(t, err)
+		require.Len(t, again, len(digests), "round %d: what was given back is claimed again", round)
+		for _, r := range again {
+			require.Equal(t, claimed[giver][0].Generation+1, r.Generation, "round %d", round)
+		}
+	}
 }

@@ -162,10 +162,14 @@ func open(ctx context.Context, o Options, tel *telemetry.Telemetry) (*Broker, er
 				if s := srvRef.Load(); s != nil {
 					// Others may take its clients and leases from now on:
 					// it forgets them, writing nothing.
-					const why = "this replica lost the database; connect to another"
-					s.reg.Forget(protocol.CloseGoingAway, why)
-					s.CutClients(protocol.CloseGoingAway, why)
+					s.reg.Forget(protocol.CloseGoingAway, fencedReason)
+					s.CutClients(protocol.CloseGoingAway, fencedReason)
 				}
+			}, Settle: func(ctx context.Context) error {
+				if s := srvRef.Load(); s != nil {
+					return s.reg.Flush(ctx)
+				}
+				return nil
 			}, AfterTick: func(ctx context.Context) {
 				if s := srvRef.Load(); s != nil {
 					s.adoptOrphans(ctx)

@@ -21,6 +21,7 @@ import (
 	cheetah "github.com/cheetahbroker/cheetah"
 	"github.com/cheetahbroker/cheetah/cluster"
 	"github.com/cheetahbroker/cheetah/context/registry"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/server/auth"
 )
@@ -53,6 +54,13 @@ const acquireSlice = 100 * time.Millisecond
 // errFenced answers every request while this replica cannot be sure it is
 // still a member: another replica may be taking its clients over.
 var errFenced = cheetah.StoreUnavailable("cluster", errors.New("this replica cannot reach the database to renew its membership"))
+
+// fencedReason closes the clients of a replica that fenced.
+const fencedReason = "this replica lost the database; connect to another"
+
+// errForgotten ends a hello under way when its replica fenced: the
+// registry forgot its clients since the hello began (registry.Registry.Forgets).
+var errForgotten = errors.New("the replica fenced while the client said hello")
 
 // nameReplica says on every answer of a replica which one answered: for
 // whoever debugs a balancer, and for a replica that starts with this one's
@@ -198,13 +206,15 @@ const handOverTimeout = 5 * time.Second
 // reconnects through a balancer to another replica keeps its leases. It
 // returns the epoch floor of the client here: the highest epoch issued
 // anywhere by then, which its contexts' epochs here must exceed (blocks of
-// epochs reserved by several replicas interleave).
-func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) (int64, error) {
+// epochs reserved by several replicas interleave). forgets is what
+// Registry.Forgets said as the hello began: once the replica fenced since,
+// it asks nobody and adopts nothing (errForgotten).
+func (s *Server) adoptFromPeers(ctx context.Context, forgets uint64, userID, clientID string) (int64, error) {
 	m := s.cfg.Cluster
 	if m == nil {
 		return 0, nil
 	}
-	if err := s.handOverFrom(ctx, m, userID, clientID); err != nil {
+	if err := s.handOverFrom(ctx, m, forgets, userID, clientID); err != nil {
 		return 0, err
 	}
 	return s.store.EpochHighWater(ctx)
@@ -213,9 +223,15 @@ func (s *Server) adoptFromPeers(ctx context.Context, userID, clientID string) (i
 // handOverFrom adopts the client from the replica that holds it, or its
 // orphaned leases; it fails when it cannot tell which of its contexts
 // another replica still holds leases of, rather than let them be leased.
-func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, clientID string) error {
+func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets uint64, userID, clientID string) error {
 	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
 	defer cancel()
+	// A hand-over closes the client's connection where it is (4409): a
+	// hello of a replica that fenced since it began must not ask for one,
+	// as its client may be connected to that replica now.
+	if s.reg.Forgets() != forgets {
+		return errForgotten
+	}
 	peers := m.Peers()
 	got := make([]*registry.HandedOver, len(peers))
 	var wg sync.WaitGroup
@@ -237,41 +253,81 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, userID, cl
 	wg.Wait()
 	for _, h := range got {
 		if h != nil {
-			s.reg.Adopt(userID, clientID, *h)
+			if _, ok := s.reg.Adopt(forgets, userID, clientID, *h); !ok {
+				// Its leases' rows are still the other replica's, which
+				// dropped them: they wait out their expiry (LeasedElsewhere).
+				return errForgotten
+			}
 			return nil
 		}
 	}
 	// No live replica held it: its replica may have died, leaving its
 	// leases orphaned, or may not be reaped yet, or may be cut off from
 	// this one: the contexts it holds leases of wait for them
-	// (lapseAwaiting).
-	rows, err := s.store.OrphanedLeases(ctx, userID, clientID)
+	// (lapseAwaiting). The orphans are claimed first, so that they are
+	// not among the leases held elsewhere.
+	rows, err := s.store.ClaimOrphanedLeases(ctx, userID, clientID)
 	if err != nil {
 		return err
 	}
-	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
-	if err != nil {
-		return err
-	}
-	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows)+len(elsewhere))}
+	h := registry.HandedOver{Contexts: make([]registry.HandedContext, 0, len(rows))}
 	for _, row := range rows {
 		h.Contexts = append(h.Contexts, registry.HandedContext{ID: row.ContextID, Lease: &registry.HandedLease{
 			TokenDigest: hex.EncodeToString(row.TokenDigest[:]), TaskID: row.TaskID, Epoch: row.Epoch,
 			TTL: row.TTL, ExpiresAt: row.ExpiresAt, RenewOnUse: row.RenewOnUse, ClearState: row.ClearState,
-			Generation: row.Generation}})
+			Generation: row.Generation, Claimed: true}})
+	}
+	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
+	if err != nil {
+		var back registry.Untaken
+		for _, row := range rows {
+			back.Back = append(back.Back, row.TokenDigest)
+		}
+		s.settle(ctx, back)
+		return err
 	}
 	until := s.cfg.Clock.Now().Add(awaitFor(m, s.reg.ReconnectGrace()))
 	for _, id := range elsewhere {
 		h.Contexts = append(h.Contexts, registry.HandedContext{ID: id, AwaitUntil: until})
 	}
 	if len(h.Contexts) > 0 {
-		s.reg.Adopt(userID, clientID, h)
+		untaken, ok := s.reg.Adopt(forgets, userID, clientID, h)
+		s.settle(ctx, untaken)
+		if !ok {
+			return errForgotten
+		}
 	}
 	if len(elsewhere) > 0 {
 		s.log.Info("cluster: contexts wait for their leases, held by a replica that did not hand them over",
 			"user_id", userID, "client_id", clientID, "contexts", len(elsewhere))
 	}
 	return nil
+}
+
+// settle disposes of the claimed orphans the registry did not take: the
+// rows of leases lost for good are deleted, the others given back as
+// orphans. ctx's deadline holds, not its end: the hello's may be what
+// ended.
+func (s *Server) settle(ctx context.Context, u registry.Untaken) {
+	if len(u.Lost)+len(u.Back) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
+	defer cancel()
+	ops := make([]history.Op, len(u.Lost))
+	for i, d := range u.Lost {
+		ops[i] = history.DeleteLease{TokenDigest: d}
+	}
+	err := s.store.Write(ctx, ops...)
+	if err == nil {
+		err = s.store.GiveBackLeases(ctx, u.Back)
+	}
+	if err != nil {
+		// They stay this replica's until it gives its rows up or their
+		// expiry: leased by nobody meanwhile, never twice.
+		s.log.Warn("cluster: could not settle the orphaned leases this replica did not take",
+			"lost", len(u.Lost), "given_back", len(u.Back), "err", err)
+	}
 }
 
 // awaitFor bounds how long a context waits for a lease another replica
@@ -305,6 +361,7 @@ func (s *Server) adoptOrphans(ctx context.Context) {
 	if err := s.store.OrphanLeases(ctx, s.reg.ReconnectGrace()); err != nil {
 		return
 	}
+	forgets := s.reg.Forgets()
 	clients, err := s.store.OrphanedClients(ctx)
 	if err != nil {
 		return
@@ -313,11 +370,13 @@ func (s *Server) adoptOrphans(ctx context.Context) {
 		if !s.reg.Connected(uc[0], uc[1]) {
 			continue
 		}
-		rows, err := s.store.OrphanedLeases(ctx, uc[0], uc[1])
+		rows, err := s.store.ClaimOrphanedLeases(ctx, uc[0], uc[1])
 		if err != nil {
 			return
 		}
-		if n := s.reg.AdoptOrphans(uc[0], uc[1], rows); n > 0 {
+		n, untaken := s.reg.AdoptOrphans(forgets, uc[0], uc[1], rows)
+		s.settle(ctx, untaken)
+		if n > 0 {
 			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "adopted", n)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -20,6 +21,7 @@ import (
 	"github.com/cheetahbroker/cheetah/context/registry"
 	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/internal/tcpproxy"
+	"github.com/cheetahbroker/cheetah/protocol"
 	"github.com/cheetahbroker/cheetah/remote"
 	"github.com/cheetahbroker/cheetah/server"
 	"github.com/cheetahbroker/cheetah/server/auth"
@@ -860,4 +862,85 @@ func TestClusterLostAnswersAreUnknown(t *testing.T) {
 	err = rs[0].api(appKey).Do(ctx, "POST", "/api/v1/lease/release-all", map[string]any{"lease_tokens": []string{again.LeaseToken}}, nil)
 	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
 	requireLost(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", again.LeaseToken), cheetah.LostReleased)
+}
+
+// heldHandOvers carries requests to the other replicas, and holds each
+// hand-over request until release is closed or the request is given up:
+// asked hears of each one as it arrives, done as it ends.
+type heldHandOvers struct {
+	release     chan struct{}
+	asked, done chan error
+}
+
+func (h *heldHandOvers) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(req.URL.Path, "/hand-over") {
+		return http.DefaultTransport.RoundTrip(req)
+	}
+	h.asked <- nil
+	var err error
+	select {
+	case <-h.release:
+	case <-req.Context().Done():
+		err = req.Context().Err()
+	}
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.DefaultTransport.RoundTrip(req)
+	}
+	h.done <- err
+	return resp, err
+}
+
+// A hello under way when its replica fences (waiting on the other replicas
+// here; on the database in an outage) ends with its connection: it does
+// not go on to take the client over from the replica the client is
+// connected to now, which would close that live connection (4409) and take
+// its leases into a replica that forgot its clients.
+func TestClusterHelloCutByAFenceTakesNothing(t *testing.T) {
+	t.Parallel()
+	held := &heldHandOvers{release: make(chan struct{}), asked: make(chan error, 1), done: make(chan error, 1)}
+	n := 0
+	rs := make([]*replica, 2)
+	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+		o.ReplicaTTL = time.Second
+		if n == 0 {
+			o.PeerTransport = held
+		}
+		n++
+	}) {
+		rs[i] = &replica{r}
+	}
+	defer rs[0].Link.Heal()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[1].key(t, auth.Client, user)
+	a := clusterAgent(t, rs[1].URL, clientKey, "agent-h", 1, nil)
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console"})
+	require.NoError(t, err)
+
+	// A connection of the same client says hello to replica 0, which asks
+	// replica 1 for the client; meanwhile replica 0 fences.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, strings.Replace(rs[0].URL, "http", "ws", 1)+"/ws/v1/client", nil)
+	require.NoError(t, err)
+	defer ws.CloseNow()
+	hello, err := protocol.Encode(&protocol.Hello{Protocol: 1, Token: clientKey, ClientID: "agent-h", ClientType: protocol.ClientConsole})
+	require.NoError(t, err)
+	require.NoError(t, ws.Write(ctx, websocket.MessageText, hello))
+	<-held.asked
+	rs[0].Link.Cut()
+	for {
+		if _, _, err := ws.Read(ctx); err != nil {
+			require.Equal(t, websocket.StatusGoingAway, websocket.CloseStatus(err), "%v", err)
+			break
+		}
+	}
+	require.False(t, rs[0].Broker.Cluster.Valid())
+	close(held.release)
+	<-held.done
+
+	require.True(t, connected(a), "the client's connection to replica 1 is still there")
+	require.True(t, rs[1].Broker.Registry.Holds(l.LeaseToken), "its lease is still held there")
+	require.False(t, rs[0].Broker.Registry.Connected(user, "agent-h"))
+	require.Zero(t, rs[0].Broker.Registry.Stats().Leases)
 }

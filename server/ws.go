@@ -75,6 +75,9 @@ type session struct {
 	// helloed is set once the session no longer counts among the
 	// connections waiting to say hello (Server.pendingHellos).
 	helloed atomic.Bool
+	// helloDone ends the reads of a hello under way (helloContext): once
+	// the session is closed, they are for nobody.
+	helloDone context.CancelFunc
 }
 
 // leavePending gives back the session's place among the connections
@@ -175,6 +178,9 @@ func (s *session) Close(code protocol.CloseCode, reason string) {
 	// a client that reads nothing is cut by the write timeout instead.
 	s.closeSet = true
 	s.closed = make(chan struct{})
+	if s.helloDone != nil {
+		s.helloDone()
+	}
 	s.pushLocked(outItem{
 		frame: &protocol.Error{Code: code.ErrorCode(), Message: reason},
 		close: &closeReq{code: code, reason: reason},
@@ -616,9 +622,32 @@ func (s *session) logReadEnd(err error) {
 	s.log.Info("client connection lost", "err", err)
 }
 
+// helloContext is ctx, ended when the session is closed: a hello whose
+// session a fence cut (Server.CutClients) stops waiting for the database
+// or the other replicas, rather than act when they answer at last.
+func (s *session) helloContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closeSet {
+		cancel()
+	}
+	s.helloDone = cancel
+	return ctx, cancel
+}
+
 // hello authenticates the client and attaches it to the registry.
 func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
+	// Before anything is read: a replica that fences meanwhile forgets
+	// its clients, and what the hello read is another replica's by then
+	// (registry.Registry.Forgets).
+	forgets := s.srv.reg.Forgets()
+	ctx, cancel := s.helloContext(ctx)
+	defer cancel()
 	key, err := s.srv.keys.Verify(ctx, h.Token)
+	if ctx.Err() != nil {
+		return false // the session was closed meanwhile
+	}
 	if err != nil || key.Kind != auth.Client {
 		if err != nil && !errors.Is(err, cheetah.ErrUnauthorized) {
 			s.log.Warn("verify client key", "err", err)
@@ -633,17 +662,30 @@ func (s *session) hello(ctx context.Context, h *protocol.Hello) bool {
 	})
 	// Among replicas, the client may have been held by another one until
 	// now: it hands the client over, leases and all.
-	floor, err := s.srv.adoptFromPeers(ctx, key.UserID, h.ClientID)
-	if err != nil {
+	floor, err := s.srv.adoptFromPeers(ctx, forgets, key.UserID, h.ClientID)
+	if err == nil {
+		s.att = s.srv.reg.Connect(registry.ClientInfo{
+			UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
+			Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
+			MaxContexts: maxContexts(h), EpochFloor: floor, Effects: h.Effects, Forgets: forgets,
+		}, s)
+		if s.att == nil {
+			err = errForgotten
+		}
+	}
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return false // the session was closed meanwhile: a fence cut it
+	case errors.Is(err, errForgotten):
+		s.log.Info("cluster: this replica fenced while the client said hello", "err", err)
+		s.Close(protocol.CloseGoingAway, fencedReason)
+		return false
+	default:
 		s.log.Warn("cluster: could not read what the other replicas hold of this client", "err", err)
 		s.Close(protocol.CloseGoingAway, "the broker cannot reach its database; connect again")
 		return false
 	}
-	s.att = s.srv.reg.Connect(registry.ClientInfo{
-		UserID: key.UserID, ClientID: h.ClientID, Type: h.ClientType,
-		Name: h.Name, Version: h.Version, Labels: h.Labels, KeyID: key.ID, SessionID: s.id,
-		MaxContexts: maxContexts(h), EpochFloor: floor, Effects: h.Effects,
-	}, s)
 	s.log.Info("client connected", "client_type", h.ClientType, "name", h.Name, "version", h.Version)
 	return true
 }

@@ -25,6 +25,9 @@ type ClientInfo struct {
 	// Effects is hello.effects: what each command does (protocol.EffectObserve
 	// or protocol.EffectMutate); a command it does not name is a mutation.
 	Effects map[string]string
+	// Forgets is what Registry.Forgets said as the hello began: Connect
+	// attaches nothing if the registry forgot its clients since.
+	Forgets uint64
 }
 
 // Attachment is one connection's hold on its client. The session passes it
@@ -39,10 +42,14 @@ type Attachment struct {
 // Connect attaches conn as client info.ClientID of info.UserID. A connection
 // already attached for that client is closed with 4409 and its commands end
 // disconnected. The client's contexts stay not live until its first state
-// report; its leases survive the reconnect grace.
+// report; its leases survive the reconnect grace. It attaches nothing, and
+// returns nil, if the registry forgot its clients since info.Forgets.
 func (r *Registry) Connect(info ClientInfo, conn Conn) *Attachment {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.forgets.Load() != info.Forgets {
+		return nil
+	}
 	p := r.poolFor(info.UserID)
 	c := p.clients[info.ClientID]
 	if c == nil {

@@ -108,15 +108,22 @@ func (r *Registry) Interrupt(ctx context.Context) (int, error) {
 			return n, fmt.Errorf("registry: interrupt: %w", ctx.Err())
 		}
 	}
-	// The interrupted statuses are handed to the store, and a write with no
-	// ops returns once everything enqueued before it is written.
-	if err := r.handedOver(ctx); err != nil {
-		return n, fmt.Errorf("registry: interrupt: %w", err)
-	}
-	if err := r.store.Write(ctx); err != nil {
+	if err := r.Flush(ctx); err != nil {
 		return n, fmt.Errorf("registry: interrupt: %w", err)
 	}
 	return n, nil
+}
+
+// Flush returns once every write the registry decided before it is
+// durable, or failed, or when ctx ends first: what a replica back from a
+// fence writes before it gives its rows up (cluster.Config.Settle).
+func (r *Registry) Flush(ctx context.Context) error {
+	// The writes are handed to the store, and a write with no ops returns
+	// once everything enqueued before it is written, held writes included.
+	if err := r.handedOver(ctx); err != nil {
+		return err
+	}
+	return r.store.Write(ctx)
 }
 
 // interrupt ends command c as interrupted; r.mu is held.

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -90,6 +91,35 @@ func awaitStored(ctx context.Context, ch chan error) error {
 	}
 }
 
+// errFencedBeforeDurable answers a caller whose lease row committed, or
+// may have, only after the registry forgot its clients (Forget, a fence
+// between the decision and the commit): the others may have taken the row
+// over meanwhile, so what the registry decided is not known to stand.
+var errFencedBeforeDurable = cheetah.StoreUnavailable("registry: lease row",
+	errors.New("this replica lost the database before the lease row was durable; try again"))
+
+// endsStand tells a release or revoke decided when Forgets said forgets,
+// whose rows' deletion committed, whether its ends stand. Unless the
+// registry forgot its clients since, they do. Otherwise a deletion that
+// committed after others took this replica's rows over (they reaped it, or
+// it gave its rows up, and the orphans were adopted) changed nothing: an
+// end stands only if no row of its lease is left.
+func (r *Registry) endsStand(ctx context.Context, forgets uint64, keys ...tokenKey) error {
+	if r.forgets.Load() == forgets {
+		return nil
+	}
+	for _, k := range keys {
+		held, err := r.store.LeaseRowHeld(ctx, [32]byte(k))
+		if err != nil {
+			return cheetah.StoreUnavailable("registry: lease row", err)
+		}
+		if held {
+			return errFencedBeforeDurable
+		}
+	}
+	return nil
+}
+
 // leaseRowsDurable returns once every lease row written so far, made or
 // deleted, is committed, or fails with store_unavailable when the store
 // cannot say so. An answer that shows other leases without writing
@@ -139,50 +169,58 @@ func (r *Registry) showing(ctx context.Context, err error) error {
 }
 
 // AdoptOrphans takes in the leases of a connected client whose replica
-// died: rows the store marked orphaned (history.OrphanedLeases). Each goes
-// back on its context, with its token digest, task, epoch and the expiry
-// its row holds, if the context is here, free, and was not leased here
-// since (a lease of a later epoch means the old one was lost); the client
-// is told of it again. It returns how many it adopted.
-func (r *Registry) AdoptOrphans(userID, clientID string, rows []history.PutLease) int {
+// died: orphaned rows this replica claimed (history.ClaimOrphanedLeases),
+// at their Generation. Each goes back on its context, with its token
+// digest, task, epoch and the expiry its row holds, if the context is
+// here, free, and was not leased here since (a lease of a later epoch
+// means the old one was lost); the client is told of it again. It returns
+// how many it adopted, and what it did not take, for the caller to
+// settle: everything if the client is not connected here, or if the
+// registry forgot its clients since forgets (Forgets, read before the rows
+// were claimed).
+func (r *Registry) AdoptOrphans(forgets uint64, userID, clientID string, rows []history.PutLease) (adopted int, untaken Untaken) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.users[userID]
-	if p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
-		return 0
+	if r.forgets.Load() != forgets || p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
+		for _, row := range rows {
+			untaken.Back = append(untaken.Back, row.TokenDigest)
+		}
+		return 0, untaken
 	}
 	c := p.clients[clientID]
-	n := 0
 	for _, row := range rows {
 		w := c.contexts[row.ContextID]
 		key := tokenKey(row.TokenDigest)
 		if l := r.leases[key]; l != nil {
 			// Here already (handed over before its old replica died, whose
-			// row was not rewritten yet): the row is claimed again.
-			l.generation = max(l.generation, row.Generation+1)
+			// row was not rewritten yet): its row is this replica's again.
+			l.generation = max(l.generation, row.Generation)
 			r.storeMoved(l)
 			continue
 		}
 		if w == nil || w.lease != nil || row.Epoch <= w.lastEpoch {
-			// Gone, taken, or leased here since: that lease was lost.
+			// Not here (yet), taken, or leased here since: the last means
+			// that lease was lost.
+			untaken.add(key, w != nil && row.Epoch <= w.lastEpoch)
 			continue
 		}
 		l := &lease{key: key, ctx: w, taskID: row.TaskID, epoch: row.Epoch, ttl: row.TTL,
 			expiresAt: row.ExpiresAt, renewOnUse: row.RenewOnUse, clearState: row.ClearState, heapIndex: -1,
-			generation: row.Generation + 1}
+			generation: row.Generation}
+		l.stored = l.expiresAt // as its row holds
 		w.lease = l
 		w.lastEpoch = max(w.lastEpoch, l.epoch)
 		r.leases[key] = l
 		r.stopAwaiting(w)
 		r.pushDeadline(l)
 		r.refreshIdle(w)
-		r.storeMoved(l)
 		if w.live {
 			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
 		}
-		n++
+		adopted++
 	}
-	return n
+	return adopted, untaken
 }
 
 // A client that reconnects here while the replica it left holds leases of
@@ -245,6 +283,16 @@ func (r *Registry) Connected(userID, clientID string) bool {
 	return p != nil && p.clients[clientID] != nil && p.clients[clientID].conn != nil
 }
 
+// Forgets counts the calls of Forget so far. A hello reads it as it
+// begins, before anything it reads from the database or other replicas,
+// and passes it to Adopt and Connect (ClientInfo.Forgets), which take
+// nothing in once it changed: a hello under way when its replica fenced
+// waits out the outage in its reads and may end after the replica gave
+// its rows up, while its client went elsewhere; what it read then is
+// another replica's by now. AdoptOrphans takes the count of its caller's
+// reads alike.
+func (r *Registry) Forgets() uint64 { return r.forgets.Load() }
+
 // ReconnectGrace is how long a disconnected client's leases survive.
 func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace }
 
@@ -263,6 +311,7 @@ func (r *Registry) ReconnectGrace() time.Duration { return r.cfg.ReconnectGrace 
 func (r *Registry) Forget(code protocol.CloseCode, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.forgets.Add(1)
 	clear(r.awaiting)
 	for _, p := range r.users {
 		for _, c := range p.clients {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -461,19 +462,24 @@ func TestInsertDuringOutageShowsCancelledLater(t *testing.T) {
 	require.Zero(t, e.reg.Stats().Commands)
 }
 
-// deleteGated is a store that holds every lease row's deletion until gate
-// is closed, says on deleting when one comes, and marks committed once the
-// store committed it.
+// deleteGated is a store that holds every lease row's deletion (or, with
+// holds, every op it names) until gate is closed, says on deleting when
+// one comes, and marks committed once the store committed it.
 type deleteGated struct {
 	*history.Store
 	gate      chan struct{}
 	deleting  chan struct{}
 	committed atomic.Bool
+	holds     func(history.Op) bool
 }
 
 func (s *deleteGated) WriteAsync(done func(error), ops ...history.Op) {
 	for _, op := range ops {
-		if _, ok := op.(history.DeleteLease); ok {
+		_, held := op.(history.DeleteLease)
+		if s.holds != nil {
+			held = s.holds(op)
+		}
+		if held {
 			s.deleting <- struct{}{}
 			go func() {
 				<-s.gate
@@ -522,6 +528,83 @@ func TestRevokeAndReleaseWaitForTheRow(t *testing.T) {
 			close(gs.gate)
 			require.True(t, <-returned, "%s returned once its row was deleted", end)
 		})
+	}
+}
+
+// A lease row the registry decided before its replica fenced (Forget) and
+// that committed only after is told as it stands: the others may have
+// taken the replica's rows over meanwhile (reaped it, or adopted the rows
+// it gave up). An end whose row another replica holds by then changed
+// nothing, and is store_unavailable; one whose row is gone stands. An
+// acquire is store_unavailable: the registry forgot its lease.
+func TestLeaseRowCommittedAfterAForget(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"revoke", "release", "release-all", "acquire"} {
+		for _, taken := range []bool{false, true} {
+			if op == "acquire" && taken {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s, row taken %v", op, taken), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				rs := historytest.Joined(t, historytest.NewPostgres(t), "f0f00001", "f0f00002")
+				mine, other := rs[0], rs[1]
+				gs := &deleteGated{Store: mine, gate: make(chan struct{}), deleting: make(chan struct{}, 1)}
+				if op == "acquire" {
+					gs.holds = func(o history.Op) bool { p, ok := o.(history.PutLease); return ok && p.Kind == history.LeaseNew }
+				}
+				// The rows' expiries are read against the database's clock.
+				e := setupOn(t, gs, mine, func(c *registry.Config) {
+					c.DurableLeases, c.TokenTag, c.Clock = true, "f0f00001", clockwork.NewFakeClockAt(time.Now())
+				})
+				e.connect("a", cheetah.Console, nil, worker("w1"))
+				var l cheetah.Lease
+				if op != "acquire" {
+					l = e.mustAcquire("t")
+				}
+				type answer struct {
+					ok  bool
+					err error
+				}
+				answered := make(chan answer, 1)
+				go func() {
+					var a answer
+					switch op {
+					case "revoke":
+						a.ok, a.err = e.reg.Revoke(ctx, user, "a", "w1")
+					case "release":
+						a.ok, a.err = e.reg.Release(ctx, l)
+					case "release-all":
+						var n int
+						n, a.err = e.reg.ReleaseAll(ctx, []string{l.LeaseToken})
+						a.ok = n == 1
+					default:
+						_, a.err = e.acquire("t")
+						a.ok = a.err == nil
+					}
+					answered <- a
+				}()
+				<-gs.deleting
+				e.reg.Forget(protocol.CloseGoingAway, "fenced")
+				if taken {
+					require.NoError(t, mine.AbandonReplica(ctx, "f0f00001", time.Now()))
+					rows, err := other.ClaimOrphanedLeases(ctx, user, "a")
+					require.NoError(t, err)
+					require.Len(t, rows, 1)
+				}
+				close(gs.gate)
+				a := <-answered
+				if taken || op == "acquire" {
+					require.ErrorIs(t, a.err, cheetah.ErrStoreUnavailable)
+					return
+				}
+				require.NoError(t, a.err)
+				require.True(t, a.ok)
+				held, err := mine.LeaseRowHeld(ctx, registry.TokenDigest(l.LeaseToken))
+				require.NoError(t, err)
+				require.False(t, held)
+			})
+		}
 	}
 }
 

@@ -237,7 +237,7 @@ func TestEpochsRiseAcrossRegistriesOfOneStore(t *testing.T) {
 	// Handed over to the registry of the lower block: above it, still.
 	handed, ok := high.HandOver(user, "mover", "elsewhere")
 	require.True(t, ok)
-	low.reg.Adopt(user, "mover", handed)
+	low.reg.Adopt(low.reg.Forgets(), user, "mover", handed)
 	a2 := low.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console}, newFakeConn())
 	low.reg.Report(a2, []protocol.ContextReport{worker("w1")})
 	l, err := low.acquire("t2")

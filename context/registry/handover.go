@@ -51,8 +51,12 @@ type HandedLease struct {
 	RenewOnUse  bool          `json:"renew_on_use"`
 	ClearState  bool          `json:"clear_state,omitempty"`
 	// Generation is the claim generation of its row; the adopter claims it
-	// with one more.
+	// with one more, unless Claimed.
 	Generation int64 `json:"generation,omitempty"`
+	// Claimed says that the adopter claimed the row already, at
+	// Generation: an orphan it took (history.Store.ClaimOrphanedLeases),
+	// never one handed over by another replica.
+	Claimed bool `json:"-"`
 	// LeaseWebhook and LeaseWebhookKeyID go with the lease, so that the
 	// replica it moves to delivers its lease.lost.
 	LeaseWebhook      string `json:"lease_webhook,omitempty"`
@@ -110,9 +114,24 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 // was handed: the contexts it lacks, and each handed lease whose context
 // carries none here and whose epoch is above the context's last one here
 // (a lease issued here since is newer, and the handed one was lost).
-func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
+//
+// It takes nothing in, and reports false, if the registry forgot its
+// clients since forgets (Forgets, read as the hello began). What it did
+// not take of the claimed leases (HandedLease.Claimed), whose rows are
+// this replica's, is in untaken, for the caller to settle.
+func (r *Registry) Adopt(forgets uint64, userID, clientID string, h HandedOver) (untaken Untaken, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.forgets.Load() != forgets {
+		for _, hc := range h.Contexts {
+			if hl := hc.Lease; hl != nil && hl.Claimed {
+				if key, ok := digestOf(hl.TokenDigest); ok {
+					untaken.Back = append(untaken.Back, key)
+				}
+			}
+		}
+		return untaken, false
+	}
 	p := r.poolFor(userID)
 	c := p.clients[clientID]
 	fresh := c == nil
@@ -136,37 +155,81 @@ func (r *Registry) Adopt(userID, clientID string, h HandedOver) {
 			continue
 		}
 		hl := hc.Lease
-		if hl == nil || w.lease != nil || hl.Epoch <= last {
+		if hl == nil {
 			continue
 		}
-		var key tokenKey
-		if b, err := hex.DecodeString(hl.TokenDigest); err != nil || len(b) != len(key) {
+		key, ok := digestOf(hl.TokenDigest)
+		if !ok {
 			continue
-		} else {
-			copy(key[:], b)
 		}
 		if r.leases[key] != nil {
 			continue // here already, on another context: never twice
 		}
+		if w.lease != nil || hl.Epoch <= last {
+			if hl.Claimed {
+				untaken.add(key, hl.Epoch <= last)
+			}
+			continue
+		}
+		gen := hl.Generation
+		if !hl.Claimed {
+			gen++
+		}
 		l := &lease{key: key, ctx: w, taskID: hl.TaskID, epoch: hl.Epoch, ttl: hl.TTL,
 			expiresAt: hl.ExpiresAt, renewOnUse: hl.RenewOnUse, clearState: hl.ClearState, heapIndex: -1,
-			webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID, generation: hl.Generation + 1}
+			webhook: hl.LeaseWebhook, webhookKey: hl.LeaseWebhookKeyID, generation: gen}
 		w.lastEpoch = max(w.lastEpoch, hl.Epoch)
 		w.lease = l
 		r.leases[key] = l
 		r.stopAwaiting(w)
 		r.pushDeadline(l)
 		r.refreshIdle(w)
-		r.storeMoved(l)
+		if hl.Claimed {
+			l.stored = l.expiresAt // as its row holds
+		} else {
+			r.storeMoved(l)
+		}
 	}
 	if !fresh {
-		return
+		return untaken, true
 	}
 	if len(c.contexts) == 0 {
 		r.dropPoolIfEmpty(p)
-		return
+		return untaken, true
 	}
 	p.clients[clientID] = c
+	return untaken, true
+}
+
+// Untaken is what a registry did not take of the orphans its replica
+// claimed (history.Store.ClaimOrphanedLeases), by token digest.
+type Untaken struct {
+	// Lost are the leases whose context was leased here since, at a later
+	// epoch: they can never hold it again, and their rows are deleted.
+	// Given back, such an orphan would be adopted once the later lease's
+	// row is gone, and the context would see an older epoch again.
+	Lost [][32]byte
+	// Back are the rest, given back as orphans (history.Store.GiveBackLeases).
+	Back [][32]byte
+}
+
+func (u *Untaken) add(key tokenKey, lost bool) {
+	if lost {
+		u.Lost = append(u.Lost, key)
+	} else {
+		u.Back = append(u.Back, key)
+	}
+}
+
+// digestOf decodes a hex token digest.
+func digestOf(s string) (tokenKey, bool) {
+	var key tokenKey
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(key) {
+		return key, false
+	}
+	copy(key[:], b)
+	return key, true
 }
 
 // Knows reports whether the lease of token is active here, or ended here

@@ -119,7 +119,8 @@ type client struct {
 
 func (e *env) connect(clientID string, typ cheetah.ClientType, labels map[string]string, contexts ...protocol.ContextReport) *client {
 	c := &client{conn: newFakeConn(), id: clientID}
-	c.att = e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: clientID, Type: typ, Labels: labels, KeyID: "k1"}, c.conn)
+	c.att = e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: clientID, Type: typ, Labels: labels, KeyID: "k1",
+		Forgets: e.reg.Forgets()}, c.conn)
 	e.reg.Report(c.att, contexts)
 	return c
 }

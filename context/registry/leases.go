@@ -177,10 +177,11 @@ func (r *Registry) AcquireStandIn(ctx context.Context, req cheetah.AcquireReques
 
 func (r *Registry) acquireAs(ctx context.Context, req cheetah.AcquireRequest, standIn bool) (cheetah.Lease, error) {
 	ctx, span := r.tel.startAcquire(ctx)
+	forgets := r.forgets.Load()
 	l, err := r.acquire(ctx, &req, span.SpanContext(), standIn)
 	switch {
 	case err == nil && r.cfg.DurableLeases:
-		l, err = r.awaitLeaseRow(ctx, l)
+		l, err = r.awaitLeaseRow(ctx, l, forgets)
 	case errors.Is(err, cheetah.ErrNoContextAvailable):
 		err = r.showing(ctx, err)
 	}
@@ -190,15 +191,22 @@ func (r *Registry) acquireAs(ctx context.Context, req cheetah.AcquireRequest, st
 
 // awaitLeaseRow returns l once its row is durable, so that no replica's
 // death can lose a lease an acquire returned; a lease whose row could not
-// be written is given back.
-func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease) (cheetah.Lease, error) {
+// be written is given back. An acquire begun when Forgets said forgets
+// that the registry forgot since (the replica fenced; the lease may be
+// gone, or adopted elsewhere from its row) is not known to hold its
+// lease: store_unavailable.
+func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease, forgets uint64) (cheetah.Lease, error) {
 	r.mu.Lock()
 	var ch chan error
 	if ll := r.leases[keyOf(l.LeaseToken)]; ll != nil {
 		ch = ll.durable
 	}
 	r.mu.Unlock()
-	if err := awaitStored(ctx, ch); err != nil {
+	err := awaitStored(ctx, ch)
+	if err == nil && r.forgets.Load() != forgets {
+		err = errFencedBeforeDurable
+	}
+	if err != nil {
 		_, _ = r.Release(context.WithoutCancel(ctx), l)
 		return cheetah.Lease{}, err
 	}
@@ -525,7 +533,9 @@ func (r *Registry) lostReason(key tokenKey) cheetah.LostReason {
 		return cheetah.LostNotLive
 	case w.owner != cheetah.OwnerWorker:
 		return cheetah.LostNotWorker
-	case w.lease != nil:
+	case w.lease != nil, w.awaiting:
+		// A context that waits for its lease from another replica carries
+		// a lease too, only not one held here yet.
 		return cheetah.LostReassigned
 	}
 	return endReasons[e.reason]
@@ -570,6 +580,7 @@ func (r *Registry) extend(l *lease, now time.Time) {
 // It reports whether it did; it never fails with lease_lost.
 func (r *Registry) Release(ctx context.Context, h cheetah.Lease) (bool, error) {
 	key := keyOf(h.LeaseToken) // off the lock
+	forgets := r.forgets.Load()
 	r.mu.Lock()
 	l := r.leases[key]
 	released := r.release(key, h)
@@ -578,7 +589,10 @@ func (r *Registry) Release(ctx context.Context, h cheetah.Lease) (bool, error) {
 	if released {
 		// With durable leases, a release is told once no replica could
 		// bring the lease back from its row.
-		return true, awaitStored(ctx, l.gone)
+		if err := awaitStored(ctx, l.gone); err != nil {
+			return true, err
+		}
+		return true, r.endsStand(ctx, forgets, key)
 	}
 	return false, r.showing(ctx, nil)
 }
@@ -600,11 +614,12 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 	for i, t := range tokens {
 		keys[i] = keyOf(t)
 	}
+	forgets := r.forgets.Load()
 	r.mu.Lock()
-	n := 0
+	var released []tokenKey
 	for i := range tokens {
 		if r.release(keys[i], cheetah.Lease{LeaseToken: tokens[i]}) {
-			n++
+			released = append(released, keys[i])
 		}
 	}
 	r.mu.Unlock()
@@ -614,7 +629,10 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 	if err := r.leaseRowsDurable(ctx); err != nil {
 		return 0, err
 	}
-	return n, nil
+	if err := r.endsStand(ctx, forgets, released...); err != nil {
+		return 0, err
+	}
+	return len(released), nil
 }
 
 // Revoke ends the lease on a context, if any, with reason revoked, and tells
@@ -622,6 +640,7 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 // release, it returns once the lease's row is deleted, so that no replica's
 // death can bring a revoked lease back.
 func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID string) (bool, error) {
+	forgets := r.forgets.Load()
 	r.mu.Lock()
 	w := r.findContext(userID, clientID, contextID)
 	if w == nil || w.lease == nil {
@@ -632,7 +651,10 @@ func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID strin
 	r.endLease(l, cheetah.LostRevoked)
 	r.mu.Unlock()
 	r.endedLeases.fold()
-	return true, awaitStored(ctx, l.gone)
+	if err := awaitStored(ctx, l.gone); err != nil {
+		return true, err
+	}
+	return true, r.endsStand(ctx, forgets, l.key)
 }
 
 func (r *Registry) findContext(userID, clientID, contextID string) *wctx {

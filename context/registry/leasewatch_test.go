@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -87,7 +88,7 @@ func TestHandOverKeepsLeaseWebhook(t *testing.T) {
 	defer unsub()
 	h, ok := a.reg.HandOver(user, "c", "b")
 	require.True(t, ok)
-	b.reg.Adopt(user, "c", h)
+	b.reg.Adopt(b.reg.Forgets(), user, "c", h)
 	moved, err := b.reg.TaskContexts(context.Background(), user, "t")
 	require.NoError(t, err)
 	require.Len(t, moved, 1)
@@ -124,7 +125,7 @@ func TestAdoptMergesIntoAClientStillHere(t *testing.T) {
 	// Back on b, which still holds the client in its grace.
 	h, moved := a.reg.HandOver(user, "mover", "b")
 	require.True(t, moved)
-	b.reg.Adopt(user, "mover", h)
+	b.reg.Adopt(b.reg.Forgets(), user, "mover", h)
 	att = b.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "mover", Type: cheetah.Console}, newFakeConn())
 	b.reg.Report(att, []protocol.ContextReport{worker("w1"), worker("w2"), worker("w3")})
 	_, err = send(b, l, "echo")
@@ -147,7 +148,7 @@ func TestContextsAwaitTheirLeaseFromElsewhere(t *testing.T) {
 	t.Parallel()
 	a, b := setup(t), setup(t)
 	until := a.clock.Now().Add(time.Minute)
-	a.reg.Adopt(user, "back", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "w1", AwaitUntil: until}}})
+	a.reg.Adopt(a.reg.Forgets(), user, "back", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "w1", AwaitUntil: until}}})
 	att := a.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "back", Type: cheetah.Console}, newFakeConn())
 	a.reg.Report(att, []protocol.ContextReport{worker("w1"), worker("w2")})
 	l := a.mustAcquire("t1")
@@ -161,7 +162,7 @@ func TestContextsAwaitTheirLeaseFromElsewhere(t *testing.T) {
 	require.ErrorIs(t, err, cheetah.ErrNoContextAvailable)
 	h, moved := a.reg.HandOver(user, "back", "b")
 	require.True(t, moved)
-	b.reg.Adopt(user, "back", h)
+	b.reg.Adopt(b.reg.Forgets(), user, "back", h)
 	att = b.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "back", Type: cheetah.Console}, newFakeConn())
 	b.reg.Report(att, []protocol.ContextReport{worker("w1")})
 	_, err = b.acquire("t2")
@@ -171,14 +172,16 @@ func TestContextsAwaitTheirLeaseFromElsewhere(t *testing.T) {
 	// Its lease comes: it holds the context as it was.
 	row := history.PutLease{TokenDigest: registry.TokenDigest("kept-token"), UserID: user, ClientID: "back", ContextID: "w1",
 		TaskID: "kept", Epoch: 40, TTL: time.Minute, ExpiresAt: b.clock.Now().Add(time.Minute)}
-	require.Equal(t, 1, b.reg.AdoptOrphans(user, "back", []history.PutLease{row}))
+	adopted, untaken := b.reg.AdoptOrphans(b.reg.Forgets(), user, "back", []history.PutLease{row})
+	require.Equal(t, 1, adopted)
+	require.Zero(t, untaken)
 	require.Empty(t, b.reg.Awaiting())
 	_, err = send(b, cheetah.Lease{UserID: user, ClientID: "back", ContextID: "w1", TaskID: "kept", Epoch: 40, LeaseToken: "kept-token"}, "echo")
 	require.NoError(t, err)
 
 	// Let go elsewhere, or out of time: the context is free.
 	c := setup(t)
-	c.reg.Adopt(user, "gone", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "x1", AwaitUntil: c.clock.Now().Add(time.Minute)}, {ID: "x2", AwaitUntil: c.clock.Now().Add(time.Minute)}}})
+	c.reg.Adopt(c.reg.Forgets(), user, "gone", registry.HandedOver{Contexts: []registry.HandedContext{{ID: "x1", AwaitUntil: c.clock.Now().Add(time.Minute)}, {ID: "x2", AwaitUntil: c.clock.Now().Add(time.Minute)}}})
 	att = c.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "gone", Type: cheetah.Console}, newFakeConn())
 	c.reg.Report(att, []protocol.ContextReport{worker("x1"), worker("x2")})
 	c.reg.StopAwaiting(user, "gone", []string{"x2"})
@@ -227,4 +230,91 @@ func TestEndedLeaseOfAClientThatLeft(t *testing.T) {
 			require.Equal(t, cheetah.LostRevoked, lostReason(t, err), "the context is here again, idle")
 		})
 	}
+}
+
+// A hello under way when its replica fenced (Forget) takes nothing in
+// afterwards, though the replica is back: what it read or was handed is
+// another replica's by then, where its client went. The orphans it claimed
+// go back. A current hello takes them, except an orphan whose context was
+// leased here since at a later epoch: lost for good, its row is to be
+// deleted (given back, it would be adopted once the later lease ended, and
+// the context would see an older epoch again).
+func TestHelloAcrossAForgetTakesNothingIn(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	began := e.reg.Forgets()
+	e.reg.Forget(protocol.CloseGoingAway, "fenced")
+	require.NotEqual(t, began, e.reg.Forgets())
+
+	lease := func(token string, epoch int64, claimed bool) *registry.HandedLease {
+		d := registry.TokenDigest(token)
+		return &registry.HandedLease{TokenDigest: hex.EncodeToString(d[:]), TaskID: token, Epoch: epoch,
+			TTL: time.Minute, ExpiresAt: e.clock.Now().Add(time.Minute), Generation: 3, Claimed: claimed}
+	}
+	h := registry.HandedOver{Contexts: []registry.HandedContext{
+		{ID: "w1", Lease: lease("handed", 10, false)},
+		{ID: "w2", Lease: lease("claimed", 11, true)},
+		{ID: "w3", AwaitUntil: e.clock.Now().Add(time.Minute)},
+	}}
+	untaken, ok := e.reg.Adopt(began, user, "late", h)
+	require.False(t, ok)
+	require.Equal(t, registry.Untaken{Back: [][32]byte{registry.TokenDigest("claimed")}}, untaken, "the claimed orphan goes back")
+	require.Nil(t, e.reg.Connect(registry.ClientInfo{UserID: user, ClientID: "late", Type: cheetah.Console, Forgets: began}, newFakeConn()))
+	now := e.reg.Forgets()
+	c := e.connect("late", cheetah.Console, nil, worker("w1"), worker("w2"), worker("w3"))
+	row := func(token, contextID string, epoch int64) history.PutLease {
+		return history.PutLease{TokenDigest: registry.TokenDigest(token), UserID: user, ClientID: "late", ContextID: contextID,
+			TaskID: token, Epoch: epoch, TTL: time.Minute, ExpiresAt: e.clock.Now().Add(time.Minute), Generation: 4}
+	}
+	adopted, untaken := e.reg.AdoptOrphans(began, user, "late", []history.PutLease{row("orphan", "w1", 12)})
+	require.Zero(t, adopted)
+	require.Equal(t, registry.Untaken{Back: [][32]byte{registry.TokenDigest("orphan")}}, untaken)
+	require.Zero(t, e.reg.Stats().Leases, "nothing was taken in")
+	require.Empty(t, e.reg.Awaiting())
+
+	e.reg.Disconnect(c.att)
+	untaken, ok = e.reg.Adopt(now, user, "late", h)
+	require.True(t, ok)
+	require.Zero(t, untaken)
+	require.Equal(t, 2, e.reg.Stats().Leases)
+	stale := registry.HandedOver{Contexts: []registry.HandedContext{{ID: "w2", Lease: lease("stale", 9, true)}}}
+	untaken, ok = e.reg.Adopt(now, user, "late", stale)
+	require.True(t, ok)
+	require.Equal(t, registry.Untaken{Lost: [][32]byte{registry.TokenDigest("stale")}}, untaken)
+	e.connect("late", cheetah.Console, nil, worker("w1"), worker("w2"), worker("w3"))
+	_, err := send(e, cheetah.Lease{UserID: user, ClientID: "late", ContextID: "w2", TaskID: "claimed", Epoch: 11, LeaseToken: "claimed"}, "echo")
+	require.NoError(t, err, "the claimed orphan is held")
+	adopted, untaken = e.reg.AdoptOrphans(now, user, "late",
+		[]history.PutLease{row("newer", "w1", 12), row("older", "w2", 5), row("elsewhere", "w9", 13)})
+	require.Zero(t, adopted)
+	require.Equal(t, registry.Untaken{
+		Lost: [][32]byte{registry.TokenDigest("older")},
+		Back: [][32]byte{registry.TokenDigest("newer"), registry.TokenDigest("elsewhere")},
+	}, untaken, "w1 holds the handed lease; w2 was leased at 11; w9 is not here")
+}
+
+// A lease that ended on a context that now waits for a lease another
+// replica holds (the client came back while that replica had not handed
+// it over) is reassigned, not released: the context carries a lease, only
+// not one held here yet.
+func TestEndedLeaseOnAContextAwaitingItsLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t)
+	e.connect("c", cheetah.Console, nil, worker("w1"))
+	l := e.mustAcquire("t")
+	ok, err := e.reg.Release(ctx, l)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = e.reg.Renew(ctx, l, 0)
+	require.Equal(t, cheetah.LostReleased, lostReason(t, err))
+
+	_, ok = e.reg.Adopt(e.reg.Forgets(), user, "c", registry.HandedOver{Contexts: []registry.HandedContext{
+		{ID: "w1", AwaitUntil: e.clock.Now().Add(time.Minute)}}})
+	require.True(t, ok)
+	_, err = e.reg.Renew(ctx, l, 0)
+	require.Equal(t, cheetah.LostReassigned, lostReason(t, err))
+	e.reg.StopAwaiting(user, "c", nil)
+	_, err = e.reg.Renew(ctx, l, 0)
+	require.Equal(t, cheetah.LostReleased, lostReason(t, err), "its wait over, the context is idle")
 }

@@ -55,6 +55,10 @@ type Store interface {
 	// Health is nil while the store's database answers; acquires are
 	// refused while it is not (see Acquire).
 	Health() error
+	// LeaseRowHeld reports whether the lease of digest has a row that has
+	// not expired, whichever replica's: read when a lease's end was made
+	// durable only after the replica fenced (endsStand).
+	LeaseRowHeld(ctx context.Context, digest [32]byte) (bool, error)
 	// CommitTime is how long the store's recent transactions took to
 	// commit, a moving average (zero before the first); it must cost no
 	// more than an atomic load. It sets how long a waited command's record
@@ -206,7 +210,9 @@ type Registry struct {
 	leases map[tokenKey]*lease // active leases by token digest
 	// awaiting holds the contexts whose lease another replica holds, and
 	// until when they wait for it (durable_leases.go).
-	awaiting    map[*wctx]time.Time
+	awaiting map[*wctx]time.Time
+	// forgets counts the calls of Forget (Forgets); it moves under mu.
+	forgets     atomic.Uint64
 	heap        leaseHeap               // active leases that may expire, by deadline
 	endedLeases *endedMemory            // how recent leases ended, by token digest (ended.go)
 	moved       *memo[endedKey, string] // leases handed over with their client, to the replica (handover.go)

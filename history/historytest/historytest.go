@@ -227,6 +227,20 @@ func Beside(tb testing.TB, s *history.Store, opts ...Option) *history.Store {
 	return open(tb, t)
 }
 
+// Joined opens, beside s, one store for each replica id, each joined as
+// that replica (no URL, an hour's TTL), in the order of ids.
+func Joined(tb testing.TB, s *history.Store, ids ...string) []*history.Store {
+	tb.Helper()
+	out := make([]*history.Store, len(ids))
+	for i, id := range ids {
+		out[i] = Beside(tb, s, Replica(id))
+		if err := out[i].JoinReplica(context.Background(), id, "", time.Hour); err != nil {
+			tb.Fatalf("historytest: join as %s: %v", id, err)
+		}
+	}
+	return out
+}
+
 // DB returns a plain database/sql connection to s's database, for tests
 // that check what is stored, closed when the test ends. Placeholders are the
 // dialect's own: ? for SQLite, $1 for PostgreSQL (see Q).

@@ -51,6 +51,18 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 		replicas[i] = rig.NewServe(bin, rig.FreeAddr(t), adminKey, dsn, "--replica-ttl", "1s")
 		replicas[i].Start(t)
 	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for i, r := range replicas {
+			if f, err := os.CreateTemp("", fmt.Sprintf("cheetah-linearize-kill-replica%d-*.log", i)); err == nil {
+				_, _ = f.WriteString(r.AllLogs())
+				f.Close()
+				t.Logf("replica %d's logs: %s", i, f.Name())
+			}
+		}
+	})
 	lb := newBalancer(t, replicas)
 	api := rig.NewAPI(lb.URL)
 	defer api.HC.CloseIdleConnections()
@@ -109,14 +121,7 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 				_ = porcupine.Visualize(linearize.FaultModel(contexts), info, f)
 				f.Close()
 			}
-			dumpHistory(t, h, info)
-			for i, r := range replicas {
-				if f, err := os.CreateTemp("", fmt.Sprintf("cheetah-linearize-kill-replica%d-*.log", i)); err == nil {
-					_, _ = f.WriteString(r.AllLogs())
-					f.Close()
-					t.Logf("replica %d's logs: %s", i, f.Name())
-				}
-			}
+			dumpHistory(t, h, info) // and the replicas' logs, as the test fails
 			t.Fatalf("round %d: %s on %d operations (visualisation: %s): %s", round, res, len(h), f.Name(), linearize.Describe(h))
 		}
 		for _, op := range h {
