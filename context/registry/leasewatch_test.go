@@ -296,7 +296,8 @@ func TestHelloAcrossAForgetTakesNothingIn(t *testing.T) {
 // A lease that ended on a context that now waits for a lease another
 // replica holds (the client came back while that replica had not handed
 // it over) is reassigned, not released: the context carries a lease, only
-// not one held here yet.
+// not one held here yet; a revoke of the context cannot end that lease
+// here, and says so (store_unavailable) rather than that there is none.
 func TestEndedLeaseOnAContextAwaitingItsLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -314,7 +315,13 @@ func TestEndedLeaseOnAContextAwaitingItsLease(t *testing.T) {
 	require.True(t, ok)
 	_, err = e.reg.Renew(ctx, l, 0)
 	require.Equal(t, cheetah.LostReassigned, lostReason(t, err))
+	revoked, err := e.reg.Revoke(ctx, user, "c", "w1")
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "its lease is there, if not here")
+	require.False(t, revoked)
 	e.reg.StopAwaiting(user, "c", nil)
 	_, err = e.reg.Renew(ctx, l, 0)
 	require.Equal(t, cheetah.LostReleased, lostReason(t, err), "its wait over, the context is idle")
+	revoked, err = e.reg.Revoke(ctx, user, "c", "w1")
+	require.NoError(t, err)
+	require.False(t, revoked)
 }
