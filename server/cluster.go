@@ -279,11 +279,7 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets ui
 	}
 	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
 	if err != nil {
-		var back registry.Untaken
-		for _, row := range rows {
-			back.Back = append(back.Back, row.TokenDigest)
-		}
-		s.settle(ctx, back)
+		s.settle(ctx, registry.AllBack(rows))
 		return err
 	}
 	until := s.cfg.Clock.Now().Add(awaitFor(m, s.reg.ReconnectGrace()))

@@ -183,10 +183,7 @@ func (r *Registry) AdoptOrphans(forgets uint64, userID, clientID string, rows []
 	defer r.mu.Unlock()
 	p := r.users[userID]
 	if r.forgets.Load() != forgets || p == nil || p.clients[clientID] == nil || p.clients[clientID].conn == nil {
-		for _, row := range rows {
-			untaken.Back = append(untaken.Back, row.TokenDigest)
-		}
-		return 0, untaken
+		return 0, AllBack(rows)
 	}
 	c := p.clients[clientID]
 	for _, row := range rows {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
+	"github.com/cheetahbroker/cheetah/history"
 	"github.com/cheetahbroker/cheetah/protocol"
 )
 
@@ -211,6 +212,15 @@ type Untaken struct {
 	Lost [][32]byte
 	// Back are the rest, given back as orphans (history.Store.GiveBackLeases).
 	Back [][32]byte
+}
+
+// AllBack is rows, claimed and none of them taken, all to be given back.
+func AllBack(rows []history.PutLease) Untaken {
+	u := Untaken{Back: make([][32]byte, len(rows))}
+	for i, row := range rows {
+		u.Back[i] = row.TokenDigest
+	}
+	return u
 }
 
 func (u *Untaken) add(key tokenKey, lost bool) {
