@@ -108,10 +108,10 @@ func (r *Registry) Report(a *Attachment, contexts []protocol.ContextReport) {
 		}
 		w.tabID, w.url, w.title, w.labels = rep.TabID, rep.URL, rep.Title, rep.Labels
 		w.owner = rep.Owner
-		if !w.live && w.lease != nil {
+		if !w.live && w.lease != nil && !w.lease.untold {
 			// A lease held across a reconnect: the new connection has not
 			// heard of it, so the client is told again.
-			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: w.lease.taskID, Epoch: w.lease.epoch, State: protocol.AssignmentAssigned})
+			r.notify(w, assignedNotice(w.lease, false))
 		}
 		w.live = true
 		if rep.RequestID == "" || !r.settleCreation(w, rep.RequestID) {

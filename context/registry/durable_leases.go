@@ -34,7 +34,7 @@ func (r *Registry) storeNew(l *lease) {
 		return
 	}
 	ch := make(chan error, 1)
-	l.durable, l.stored = ch, l.expiresAt
+	l.durable, l.stored, l.untold = ch, l.expiresAt, true
 	r.lastLeaseRow = ch
 	row := rowOf(l)
 	row.Kind = history.LeaseNew
@@ -71,6 +71,33 @@ func (r *Registry) storeGone(l *lease) {
 	ch := make(chan error, 1)
 	l.gone, r.lastLeaseRow = ch, ch
 	r.write(func(err error) { ch <- err }, history.DeleteLease{TokenDigest: l.key})
+}
+
+// tellAssigned tells l's client of l, once its row is durable, unless it
+// was told already or l ended meanwhile (nil); r.mu is held.
+//
+// Until then the client is not told: a replica that died before the row
+// committed would have shown the client an epoch that no other replica
+// knows, and the lease the context carries there (one ended here in memory
+// only, adopted back from its row) is older. The client would see epochs go
+// back. The acquire answers only after this, so the notice still comes
+// before any command of the lease.
+func (r *Registry) tellAssigned(l *lease) {
+	if l == nil || !l.untold {
+		return
+	}
+	l.untold = false
+	if l.ctx.live {
+		r.notify(l.ctx, assignedNotice(l, true))
+	}
+}
+
+// assignedNotice is the assignment frame that tells a client of l: the
+// first time (begins) it carries the lease's clear_state; told again (a
+// reconnect, an adoption), the context is not cleared in the middle.
+func assignedNotice(l *lease, begins bool) protocol.Assignment {
+	return protocol.Assignment{ContextID: l.ctx.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned,
+		ClearState: begins && l.clearState}
 }
 
 // awaitStored waits for a row's commit; a nil channel (leases not durable)
@@ -213,7 +240,7 @@ func (r *Registry) AdoptOrphans(forgets uint64, userID, clientID string, rows []
 		r.pushDeadline(l)
 		r.refreshIdle(w)
 		if w.live {
-			r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned})
+			r.notify(w, assignedNotice(l, false))
 		}
 		adopted++
 	}

@@ -762,3 +762,89 @@ func TestAnswersWaitOutAFailedLeaseRow(t *testing.T) {
 	_, err = e.reg.Renew(ctx, l, 0)
 	require.Equal(t, cheetah.LostReleased, lostReason(t, err), "once the store writes again")
 }
+
+// writesGated holds the store's writes, in order, from the first one that
+// holds an op matching holds until gate is closed: the registry's flusher
+// waits in WriteAsync, so everything decided after queues behind it, as
+// behind a slow commit.
+type writesGated struct {
+	*history.Store
+	holds   func(history.Op) bool
+	holding chan struct{}
+	gate    chan struct{}
+}
+
+func (s *writesGated) WriteAsync(done func(error), ops ...history.Op) {
+	for _, op := range ops {
+		if s.holds(op) {
+			s.holding <- struct{}{}
+			<-s.gate
+			break
+		}
+	}
+	s.Store.WriteAsync(done, ops...)
+}
+
+// assignments are the assignment frames c received.
+func assignments(c *fakeConn) []*protocol.Assignment {
+	var out []*protocol.Assignment
+	for _, f := range c.all() {
+		if a, ok := f.(*protocol.Assignment); ok {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// With durable leases a client hears of a lease once its row is durable,
+// as the acquire's caller does: a replica that died between the decision
+// and the commit would otherwise have shown the client an epoch that no
+// other replica knows, above the lease its context carries there (one
+// ended here in memory only and adopted back from its row), so the client
+// would see epochs go back. A client that reconnects meanwhile is told
+// once, then too; a lease that ends before its row is durable is never
+// told, nor its end.
+func TestAssignedToldOnceTheRowIsDurable(t *testing.T) {
+	t.Parallel()
+	for _, meanwhile := range []string{"nothing", "reconnect", "context gone"} {
+		t.Run(meanwhile, func(t *testing.T) {
+			t.Parallel()
+			base := historytest.NewSQLite(t)
+			gs := &writesGated{Store: base, holding: make(chan struct{}, 1), gate: make(chan struct{}),
+				holds: func(o history.Op) bool { p, ok := o.(history.PutLease); return ok && p.Kind == history.LeaseNew }}
+			e := setupOn(t, gs, base, func(c *registry.Config) { c.DurableLeases = true })
+			open := sync.OnceFunc(func() { close(gs.gate) })
+			t.Cleanup(open) // before the registry's Close, which joins its flusher
+			c := e.connect("a", cheetah.Console, nil, worker("w1"))
+			type answer struct {
+				l   cheetah.Lease
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				l, err := e.acquire("t")
+				answered <- answer{l, err}
+			}()
+			<-gs.holding
+			switch meanwhile {
+			case "reconnect":
+				e.reg.Disconnect(c.att)
+				c = e.connect("a", cheetah.Console, nil, worker("w1"))
+			case "context gone":
+				e.reg.Report(c.att, nil)
+			}
+			require.Empty(t, assignments(c.conn), "told before the row is durable")
+			open()
+			a := <-answered
+			require.NoError(t, a.err)
+			told := assignments(c.conn)
+			if meanwhile == "context gone" {
+				require.Empty(t, told, "a lease never told ends untold")
+				return
+			}
+			require.Len(t, told, 1, "told once, before the acquire answered")
+			require.Equal(t, protocol.AssignmentAssigned, told[0].State)
+			require.Equal(t, a.l.Epoch, told[0].Epoch)
+		})
+	}
+}

@@ -42,6 +42,10 @@ type lease struct {
 	// gone of the commit of its deletion.
 	stored        time.Time
 	durable, gone chan error
+	// untold marks a lease whose client is not told of it yet: with
+	// durable leases the assigned notice waits for the row, as the
+	// acquire's answer does (awaitLeaseRow).
+	untold bool
 	placement
 	// webhook and webhookKey are the acquire's lease_webhook and the key
 	// that signs it: LeaseEnded carries them, for the lease.lost delivery.
@@ -210,6 +214,9 @@ func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease, forgets u
 		_, _ = r.Release(context.WithoutCancel(ctx), l)
 		return cheetah.Lease{}, err
 	}
+	r.mu.Lock()
+	r.tellAssigned(r.leases[keyOf(l.LeaseToken)])
+	r.mu.Unlock()
 	return l, nil
 }
 
@@ -435,8 +442,9 @@ func (r *Registry) assign(w *wctx, req *cheetah.AcquireRequest, l *lease, token 
 	r.leases[l.key] = l
 	r.pushDeadline(l)
 	r.storeNew(l)
-	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentAssigned,
-		ClearState: l.clearState})
+	if !l.untold {
+		r.notify(w, assignedNotice(l, true))
+	}
 	ev := leaseEvent(LeaseAcquired, l)
 	ev.At = now
 	r.emit(ev)
@@ -462,8 +470,11 @@ func (r *Registry) endLease(l *lease, reason cheetah.LostReason) {
 	ev.LeaseWebhook, ev.LeaseWebhookKeyID = l.webhook, l.webhookKey
 	r.emit(ev)
 	r.endedLeases.add(l.key.ended(), endedLease{at: identOf(w), reason: endReasonOf(reason)}, now)
-	r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason),
-		ClearState: l.clearState})
+	if !l.untold {
+		// A lease its client never heard of ends unheard of too.
+		r.notify(w, protocol.Assignment{ContextID: w.id, TaskID: l.taskID, Epoch: l.epoch, State: protocol.AssignmentState(reason),
+			ClearState: l.clearState})
+	}
 	r.discharge(l) // after the event: a slot it frees goes to the next lease
 	r.refreshIdleAt(w, now)
 }
