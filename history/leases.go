@@ -224,9 +224,11 @@ RETURNING token_digest, context_id, task_id, epoch, ttl_ms, renew_on_use, clear_
 	return out, nil
 }
 
-// GiveBackLeases makes orphans again the rows of digests that this replica
-// claimed (ClaimOrphanedLeases) and did not take in: for the replica the
-// client is connected to, or to be deleted unadopted after the grace.
+// GiveBackLeases makes orphans of the rows of digests that are this
+// replica's: ones it claimed (ClaimOrphanedLeases) and did not take in, or
+// the leases it handed over with their client, for the replica the client
+// is connected to, or to be deleted unadopted after the grace. A row
+// another replica claimed since stays that replica's.
 func (s *Store) GiveBackLeases(ctx context.Context, digests [][32]byte) error {
 	const op = "history.GiveBackLeases"
 	if err := s.clustered(op); err != nil {
@@ -279,6 +281,24 @@ func (s *Store) LeaseRowHeld(ctx context.Context, digest [32]byte) (bool, error)
 	err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM leases WHERE token_digest = ? AND expires_at > now())`, digest[:]).
 		Scan(&held).Error
 	return held, s.replicaErr(op, err)
+}
+
+// ContextLeaseHeldOutside reports whether a context has a lease row that
+// has not expired and that none of replicas holds: orphaned, or held by a
+// replica not among them (dead and not reaped yet, or one that did not
+// answer). A revoke that the replicas asked could not do did not find "no
+// lease" then: the replica the context's client reconnects to adopts it.
+func (s *Store) ContextLeaseHeldOutside(ctx context.Context, userID, clientID, contextID string, replicas []string) (bool, error) {
+	const op = "history.ContextLeaseHeldOutside"
+	if err := s.clustered(op); err != nil {
+		return false, err
+	}
+	var outside bool
+	err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM leases
+WHERE user_id = ? AND client_id = ? AND context_id = ? AND expires_at > now()
+	AND (orphaned_at IS NOT NULL OR replica_id NOT IN ?))`, userID, clientID, contextID, replicas).
+		Scan(&outside).Error
+	return outside, s.replicaErr(op, err)
 }
 
 // OrphanedClients returns the clients that have orphaned lease rows, by

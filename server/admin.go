@@ -95,10 +95,25 @@ func (s *Server) revoke(c *gin.Context) {
 		return
 	}
 	if !ok {
-		answers, lost := s.gatherAct(c, nil, http.StatusOK)
+		answers, lost, answered := s.gatherAct(c, nil, http.StatusOK)
 		if ok = anyTrue(answers, "revoked"); !ok && lost {
 			s.fail(c, errActionLost)
 			return
+		}
+		if !ok && answered != nil {
+			// No replica that answered holds a lease there. A row that none
+			// of them holds (its replica died, or did not answer) is a lease
+			// that the client's next replica adopts, not no lease.
+			outside, err := s.store.ContextLeaseHeldOutside(c.Request.Context(), c.Param("user_id"), c.Param("client_id"),
+				c.Param("context_id"), answered)
+			if err != nil {
+				s.fail(c, err)
+				return
+			}
+			if outside {
+				s.fail(c, errLeaseAdrift)
+				return
+			}
 		}
 	}
 	c.JSON(http.StatusOK, gin.H{"revoked": ok})

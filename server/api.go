@@ -511,7 +511,7 @@ func (s *Server) releaseAll(c *gin.Context) {
 	}
 	// Each token is known to one replica at most, so the counts add up.
 	body, _ := json.Marshal(b)
-	answers, lost := s.gatherAct(c, body, http.StatusOK)
+	answers, lost, _ := s.gatherAct(c, body, http.StatusOK)
 	if lost {
 		s.fail(c, errActionLost)
 		return

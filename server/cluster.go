@@ -226,6 +226,7 @@ func (s *Server) adoptFromPeers(ctx context.Context, forgets uint64, userID, cli
 func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets uint64, userID, clientID string) error {
 	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
 	defer cancel()
+	defer s.reg.Moving(userID, clientID)()
 	// A hand-over closes the client's connection where it is (4409): a
 	// hello of a replica that fenced since it began must not ask for one,
 	// as its client may be connected to that replica now.
@@ -254,8 +255,9 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets ui
 	for _, h := range got {
 		if h != nil {
 			if _, ok := s.reg.Adopt(forgets, userID, clientID, *h); !ok {
-				// Its leases' rows are still the other replica's, which
-				// dropped them: they wait out their expiry (LeasedElsewhere).
+				// The other replica made orphans of its leases' rows as it
+				// handed them over (orphanHanded): the replica the client
+				// reconnects to next adopts them.
 				return errForgotten
 			}
 			return nil
@@ -366,12 +368,15 @@ func (s *Server) adoptOrphans(ctx context.Context) {
 		if !s.reg.Connected(uc[0], uc[1]) {
 			continue
 		}
+		done := s.reg.Moving(uc[0], uc[1])
 		rows, err := s.store.ClaimOrphanedLeases(ctx, uc[0], uc[1])
 		if err != nil {
+			done()
 			return
 		}
 		n, untaken := s.reg.AdoptOrphans(forgets, uc[0], uc[1], rows)
 		s.settle(ctx, untaken)
+		done()
 		if n > 0 {
 			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "adopted", n)
 		}
@@ -385,12 +390,58 @@ func (s *Server) handOver(c *gin.Context) {
 		s.fail(c, cheetah.Invalidf("to names no live replica"))
 		return
 	}
+	// Until their rows are orphans, the leases are in no registry while
+	// their rows are this replica's (Moving).
+	defer s.reg.Moving(c.Param("user_id"), c.Param("client_id"))()
+	forgets := s.reg.Forgets()
 	h, ok := s.reg.HandOver(c.Param("user_id"), c.Param("client_id"), to)
 	if !ok {
 		c.JSON(http.StatusOK, gin.H{"client": nil})
 		return
 	}
+	s.orphanHanded(c.Request.Context(), forgets, h)
 	c.JSON(http.StatusOK, gin.H{"client": h})
+}
+
+// orphanHanded makes orphans of the rows of the leases this replica just
+// handed over, which it no longer holds: the replica the client went to
+// claims them as it adopts the client; should it never (it fenced before
+// the adoption, died, or never heard the answer), the replica the client
+// reconnects to next adopts them, instead of their contexts waiting out
+// their expiry. The rows are this replica's once what it wrote before is
+// durable (its claim of a lease that came here may still be queued), so it
+// waits for that first. While the database does not answer it tries again,
+// until this replica forgets its clients (it fenced: coming back, it gives
+// all its rows up) or its membership's TTL has passed, by when it would
+// have fenced. forgets is what Registry.Forgets said before the hand-over.
+// ctx's deadline holds, not its end: the asker may give up, and the rows
+// still need it.
+func (s *Server) orphanHanded(ctx context.Context, forgets uint64, h registry.HandedOver) {
+	digests := h.Digests()
+	if len(digests) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	giveUp := s.cfg.Clock.Now().Add(s.cfg.Cluster.TTL())
+	for {
+		tctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+		err := s.reg.Flush(tctx)
+		if err == nil {
+			err = s.store.GiveBackLeases(tctx, digests)
+		}
+		cancel()
+		if err == nil || s.reg.Forgets() != forgets {
+			return
+		}
+		if !s.cfg.Clock.Now().Before(giveUp) {
+			// They stay this replica's until it gives its rows up or their
+			// expiry.
+			s.log.Warn("cluster: could not make orphans of the leases this replica handed over", "leases", len(digests), "err", err)
+			return
+		}
+		t := s.cfg.Clock.NewTimer(acquireSlice)
+		<-t.Chan()
+	}
 }
 
 // hopHeaders are the headers of one connection, never passed on
@@ -503,6 +554,10 @@ type peerAnswer struct {
 	status int
 	body   []byte
 	lost   bool
+	// replica is the id of the replica that answered: not always the one
+	// asked, as a replica started again at the same address answers there
+	// until the others read the members again.
+	replica string
 }
 
 // ask sends one request to peer on behalf of c's caller: its key, the
@@ -555,7 +610,7 @@ func (s *Server) askPeer(ctx context.Context, p cluster.Peer, method, uri string
 	if err != nil {
 		return &peerAnswer{lost: true}
 	}
-	return &peerAnswer{status: resp.StatusCode, body: b}
+	return &peerAnswer{status: resp.StatusCode, body: b, replica: resp.Header.Get(cluster.ReplicaHeader)}
 }
 
 // notSent reports whether err, from sending a request, means it never
@@ -569,17 +624,18 @@ func notSent(err error) bool {
 // and query, body), at once, and returns the answers that came with want.
 // A replica that does not answer is left out: views show what answered.
 func (s *Server) gather(c *gin.Context, body []byte, want int) [][]byte {
-	answers, _ := s.gatherAct(c, body, want)
+	answers, _, _ := s.gatherAct(c, body, want)
 	return answers
 }
 
 // gatherAct is gather for an action (revoke, release-all): lost reports
 // that a replica took the request and its answer did not come back, so
-// that it may have acted without saying.
-func (s *Server) gatherAct(c *gin.Context, body []byte, want int) (answers [][]byte, lost bool) {
+// that it may have acted without saying; answered names this replica and
+// the peers asked that answered with want themselves.
+func (s *Server) gatherAct(c *gin.Context, body []byte, want int) (answers [][]byte, lost bool, answered []string) {
 	m := s.cfg.Cluster
 	if m == nil || fromPeer(c) {
-		return nil, false
+		return nil, false, nil
 	}
 	peers := m.Peers()
 	all := make([]*peerAnswer, len(peers))
@@ -590,14 +646,17 @@ func (s *Server) gatherAct(c *gin.Context, body []byte, want int) (answers [][]b
 		})
 	}
 	wg.Wait()
-	answers = make([][]byte, 0, len(all))
-	for _, a := range all {
+	answers, answered = make([][]byte, 0, len(all)), append(make([]string, 0, len(all)+1), m.ID())
+	for i, a := range all {
 		lost = lost || (a != nil && a.lost)
 		if a != nil && a.status == want {
 			answers = append(answers, a.body)
+			if a.replica == peers[i].ID {
+				answered = append(answered, a.replica)
+			}
 		}
 	}
-	return answers, lost
+	return answers, lost, answered
 }
 
 // errActionLost answers an action that a replica may have done without

@@ -786,6 +786,7 @@ func TestClusterWaitRunsOutEverywhere(t *testing.T) {
 // A lease that no replica holds while its row is there (its replica died,
 // and the replica its client reconnected to has not adopted it yet) is
 // answered 503 on every replica, never lease_lost: it is back in a moment.
+// A revoke of its context is 503 too, never "no lease".
 func TestClusterLeaseAwaitingAdoptionIsUnavailable(t *testing.T) {
 	t.Parallel()
 	rs := startCluster(t, 2)
@@ -801,6 +802,21 @@ func TestClusterLeaseAwaitingAdoptionIsUnavailable(t *testing.T) {
 			err := r.api(appKey).Do(ctx, "POST", route, map[string]any{"name": "echo"}, nil, "X-Lease", token)
 			require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "replica %d, %s", i, route)
 		}
+	}
+	// Nor does a revoke of its context find no lease once the row is an
+	// orphan (its replica gave it up); a context without one has none.
+	revoke := func(r *replica, contextID string) (bool, error) {
+		var revoked struct{ Revoked bool }
+		err := r.api(clusterAdminKey).Do(ctx, "POST", "/api/v1/admin/users/"+user+"/clients/gone/contexts/"+contextID+"/revoke", nil, &revoked)
+		return revoked.Revoked, err
+	}
+	require.NoError(t, rs[0].Broker.Store.AbandonReplica(ctx, rs[0].Broker.Cluster.ID(), time.Now()))
+	for i, r := range rs {
+		_, err := revoke(r, "w1")
+		require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "replica %d, revoke", i)
+		revoked, err := revoke(r, "w2")
+		require.NoError(t, err)
+		require.False(t, revoked, "replica %d: no row, no lease", i)
 	}
 	// A token without a row is lost, as on one node.
 	err := rs[1].api(appKey).Do(ctx, "POST", "/api/v1/lease/renew", nil, nil, "X-Lease", "dead0000"+"fedcba9876543210fedcba98")
@@ -943,4 +959,139 @@ func TestClusterHelloCutByAFenceTakesNothing(t *testing.T) {
 	require.True(t, rs[1].Broker.Registry.Holds(l.LeaseToken), "its lease is still held there")
 	require.False(t, rs[0].Broker.Registry.Connected(user, "agent-h"))
 	require.Zero(t, rs[0].Broker.Registry.Stats().Leases)
+}
+
+// A replica that hands a client over makes orphans of the leases' rows it
+// gives up: when the answer never reaches the replica the client went to
+// (or that replica fences before it adopts the client), that replica
+// adopts the leases from their rows instead of leaving their contexts to
+// wait out their expiry, held by nobody.
+func TestClusterHandOverLostLeavesOrphans(t *testing.T) {
+	t.Parallel()
+	n := 0
+	rs := make([]*replica, 2)
+	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+		if n == 0 {
+			o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
+		}
+		n++
+	}) {
+		rs[i] = &replica{r}
+	}
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[1].key(t, auth.Client, user)
+	front := rs[1].front(t)
+	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-o", 1, nil)
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "ttl_s": 600})
+	require.NoError(t, err)
+
+	// The agent comes back through replica 0; replica 1 hands it over, and
+	// the answer is lost on the way.
+	front.Retarget(rs[0].host())
+	front.Cut()
+	front.Heal()
+	require.Eventually(t, func() bool { return rs[0].Broker.Registry.Holds(l.LeaseToken) }, 20*time.Second, 10*time.Millisecond,
+		"replica 0 adopts the lease from its row")
+	require.False(t, rs[1].Broker.Registry.Holds(l.LeaseToken))
+	waitContexts(t, rs[0].URL, "agent-o", 1)
+	var waited struct{ Resolution cheetah.Resolution }
+	require.NoError(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+		"X-Lease", l.LeaseToken))
+	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+}
+
+// answeredAs carries requests to the other replicas, and makes the answers
+// to revokes name replica as the one that answered, as when a replica
+// started again at the address of one that died answers there before the
+// others read the members again.
+type answeredAs struct{ replica string }
+
+func (a answeredAs) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && strings.HasSuffix(req.URL.Path, "/revoke") {
+		resp.Header.Set(cluster.ReplicaHeader, a.replica)
+	}
+	return resp, err
+}
+
+// A revoke that no replica could do finds "no lease" only where no lease
+// row stands that a replica which did not answer holds: the replica asked
+// must answer itself, not another one at its address.
+func TestClusterRevokeCountsOnlyWhoAnswered(t *testing.T) {
+	t.Parallel()
+	for _, stranger := range []bool{false, true} {
+		t.Run(fmt.Sprintf("answered by another replica %v", stranger), func(t *testing.T) {
+			t.Parallel()
+			n := 0
+			rs := make([]*replica, 2)
+			for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+				if n == 0 && stranger {
+					o.PeerTransport = answeredAs{replica: "feedbeef"}
+				}
+				n++
+			}) {
+				rs[i] = &replica{r}
+			}
+			ctx := context.Background()
+			// A row of replica 1 that its registry does not hold (written
+			// as if the lease were on its way out).
+			require.NoError(t, rs[1].Broker.Store.Write(ctx, history.PutLease{Kind: history.LeaseNew,
+				TokenDigest: registry.TokenDigest(rs[1].Broker.Cluster.ID() + "00112233445566778899aabb"), UserID: user, ClientID: "c",
+				ContextID: "w1", TaskID: "t", Epoch: 3, TTL: time.Minute, ExpiresAt: time.Now().Add(time.Minute)}))
+			var revoked struct{ Revoked bool }
+			err := rs[0].api(clusterAdminKey).Do(ctx, "POST", "/api/v1/admin/users/"+user+"/clients/c/contexts/w1/revoke", nil, &revoked)
+			if stranger {
+				require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "the row's replica did not answer")
+				return
+			}
+			require.NoError(t, err)
+			require.False(t, revoked.Revoked, "the row's replica answered that it holds no lease there")
+		})
+	}
+}
+
+// A replica that hands a client over while it cannot reach the database
+// makes orphans of the leases' rows once it can again (it has not fenced
+// meanwhile): the replica the client went to, which never heard the
+// answer, adopts them from their rows.
+func TestClusterHandOverThroughAnOutageLeavesOrphans(t *testing.T) {
+	t.Parallel()
+	n := 0
+	rs := make([]*replica, 2)
+	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+		o.ReplicaTTL = 30 * time.Second
+		if n == 0 {
+			o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
+		}
+		n++
+	}) {
+		rs[i] = &replica{r}
+	}
+	ctx := context.Background()
+	appKey := rs[1].key(t, auth.App, "")
+	clientKey := rs[1].key(t, auth.Client, user)
+	front := rs[1].front(t)
+	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-p", 1, nil)
+	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "ttl_s": 600})
+	require.NoError(t, err)
+
+	// Replica 1 loses the database for a while; meanwhile its client comes
+	// back through replica 0, and replica 1's answer is lost.
+	rs[1].Link.Cut()
+	front.Retarget(rs[0].host())
+	front.Cut()
+	front.Heal()
+	require.Eventually(t, func() bool { return !rs[1].Broker.Registry.Connected(user, "agent-p") }, 20*time.Second, 10*time.Millisecond,
+		"replica 1 handed the client over")
+	time.Sleep(7 * time.Second) // the outage's length
+	require.True(t, rs[1].Broker.Cluster.Valid(), "replica 1 did not fence")
+	rs[1].Link.Heal()
+
+	require.Eventually(t, func() bool { return rs[0].Broker.Registry.Holds(l.LeaseToken) }, 30*time.Second, 10*time.Millisecond,
+		"replica 0 adopts the lease from its row")
+	var waited struct{ Resolution cheetah.Resolution }
+	require.NoError(t, rs[0].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+		"X-Lease", l.LeaseToken))
+	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
 }

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/hex"
+	"sync"
 	"time"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -105,6 +106,27 @@ func (r *Registry) HandOver(userID, clientID, to string) (HandedOver, bool) {
 	}
 	r.dropClient(c)
 	return out, true
+}
+
+// Moving marks the leases of a client as on their way here or away, until
+// done is called: a hand-over from this replica (HandOver, then making
+// orphans of the rows), or an adoption of rows claimed for it (a claim,
+// then Adopt or AdoptOrphans). Meanwhile a lease may be in no registry
+// while its row is this replica's, so a revoke that finds no lease on one
+// of the client's contexts answers store_unavailable rather than "no
+// lease".
+func (r *Registry) Moving(userID, clientID string) (done func()) {
+	k := [2]string{userID, clientID}
+	r.mu.Lock()
+	r.moving[k]++
+	r.mu.Unlock()
+	return sync.OnceFunc(func() {
+		r.mu.Lock()
+		if r.moving[k]--; r.moving[k] == 0 {
+			delete(r.moving, k)
+		}
+		r.mu.Unlock()
+	})
 }
 
 // Adopt takes in a client another replica handed over, before its new
@@ -229,6 +251,19 @@ func (u *Untaken) add(key tokenKey, lost bool) {
 	} else {
 		u.Back = append(u.Back, key)
 	}
+}
+
+// Digests are the token digests of the leases h carries.
+func (h HandedOver) Digests() [][32]byte {
+	var out [][32]byte
+	for _, hc := range h.Contexts {
+		if hl := hc.Lease; hl != nil {
+			if key, ok := digestOf(hl.TokenDigest); ok {
+				out = append(out, [32]byte(key))
+			}
+		}
+	}
+	return out
 }
 
 // digestOf decodes a hex token digest.

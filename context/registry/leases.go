@@ -647,13 +647,15 @@ func (r *Registry) ReleaseAll(ctx context.Context, tokens []string) (int, error)
 }
 
 // errLeaseElsewhere answers a revoke of a context that waits for its lease
-// from another replica: there is a lease, but not one this replica can end.
+// from another replica, or whose client's leases are moving (Moving): there
+// may be a lease, but not one this replica can end now.
 var errLeaseElsewhere = cheetah.StoreUnavailable("registry: revoke",
-	errors.New("the context's lease is held by another replica that has not handed it over yet; try again shortly"))
+	errors.New("the context's lease is held by another replica, or on its way between replicas; try again shortly"))
 
 // Revoke ends the lease on a context, if any, with reason revoked, and tells
 // the client. It reports whether there was one; a context that waits for
-// its lease from another replica answers store_unavailable. With durable leases, as a
+// its lease from another replica, or whose client's leases are moving
+// here or away, answers store_unavailable. With durable leases, as a
 // release, it returns once the lease's row is deleted, so that no replica's
 // death can bring a revoked lease back.
 func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID string) (bool, error) {
@@ -661,9 +663,9 @@ func (r *Registry) Revoke(ctx context.Context, userID, clientID, contextID strin
 	r.mu.Lock()
 	w := r.findContext(userID, clientID, contextID)
 	if w == nil || w.lease == nil {
-		awaiting := w != nil && w.awaiting
+		elsewhere := w != nil && w.awaiting || r.moving[[2]string{userID, clientID}] > 0
 		r.mu.Unlock()
-		if awaiting {
+		if elsewhere {
 			return false, errLeaseElsewhere
 		}
 		return false, r.showing(ctx, nil)

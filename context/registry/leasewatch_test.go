@@ -325,3 +325,37 @@ func TestEndedLeaseOnAContextAwaitingItsLease(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, revoked)
 }
+
+// While a client's leases move (a hand-over from here, an adoption of rows
+// claimed for it), a lease of theirs may be in no registry while its row
+// is this replica's: a revoke that finds no lease on one of the client's
+// contexts says store_unavailable, not that there is none, and only
+// until the move is done. Other clients' contexts are not concerned.
+func TestRevokeWhileLeasesMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t)
+	e.connect("c", cheetah.Console, nil, worker("w1"))
+	e.connect("d", cheetah.Console, nil, worker("w1"))
+	done := e.reg.Moving(user, "c")
+	again := e.reg.Moving(user, "c")
+	for _, client := range []string{"c", "gone"} {
+		_, err := e.reg.Revoke(ctx, user, client, "w1")
+		if client == "c" {
+			require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	revoked, err := e.reg.Revoke(ctx, user, "d", "w1")
+	require.NoError(t, err)
+	require.False(t, revoked)
+	done()
+	done() // once is what counts
+	_, err = e.reg.Revoke(ctx, user, "c", "w1")
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable, "one move is still under way")
+	again()
+	revoked, err = e.reg.Revoke(ctx, user, "c", "w1")
+	require.NoError(t, err)
+	require.False(t, revoked)
+}

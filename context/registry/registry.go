@@ -211,6 +211,9 @@ type Registry struct {
 	// awaiting holds the contexts whose lease another replica holds, and
 	// until when they wait for it (durable_leases.go).
 	awaiting map[*wctx]time.Time
+	// moving counts, per client (user id, client id), the hand-overs and
+	// adoptions of its leases under way here (Moving).
+	moving map[[2]string]int
 	// forgets counts the calls of Forget (Forgets); it moves under mu.
 	forgets     atomic.Uint64
 	heap        leaseHeap               // active leases that may expire, by deadline
@@ -278,6 +281,7 @@ func New(ctx context.Context, cfg Config) (*Registry, error) {
 		users:         map[string]*pool{},
 		leases:        map[tokenKey]*lease{},
 		awaiting:      map[*wctx]time.Time{},
+		moving:        map[[2]string]int{},
 		endedLeases:   newEndedMemory(cfg.EndedMemory, cfg.EndedMax),
 		moved:         newMemo[endedKey, string](max(cfg.EndedMemory, MaxTTL), cfg.EndedMax),
 		commands:      map[string]*command{},

@@ -237,6 +237,16 @@ func TestModelRejects(t *testing.T) {
 		"a token never issued is not_live": {
 			op(1, 0, 1, Input{Kind: Send, Lease: -1}, Output{Reason: "not_live"}),
 		},
+		"a release finds no lease that holds on": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Release, Lease: 0}, Output{}),
+			op(1, 4, 5, Input{Kind: Renew, Lease: 0}, Output{OK: true}),
+		},
+		"a revoke finds no lease that holds on": {
+			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
+			op(0, 2, 3, Input{Kind: Revoke, Context: 0}, Output{}),
+			op(1, 4, 5, Input{Kind: Send, Lease: 0}, Output{OK: true}),
+		},
 		"an active lease is unknown": {
 			op(0, 0, 1, Input{Kind: Acquire}, Output{OK: true, Context: 0, Epoch: 1, Lease: 0}),
 			op(1, 2, 3, Input{Kind: Send, Lease: 0}, Output{Reason: "unknown_lease"}),
@@ -256,11 +266,10 @@ func TestModelRejects(t *testing.T) {
 	}
 	faultGood := []porcupine.Operation{
 		// The client is away: nothing found, then a context not the
-		// longest idle; a send fails not_live, a release does nothing.
+		// longest idle; a send fails not_live.
 		op(0, 0, 1, Input{Kind: Acquire}, Output{}),
 		op(0, 2, 3, Input{Kind: Acquire}, Output{OK: true, Context: 2, Epoch: 4, Lease: 0}),
 		op(0, 4, 5, Input{Kind: Send, Lease: 0}, Output{Reason: "not_live"}),
-		op(0, 6, 7, Input{Kind: Release, Lease: 0}, Output{}),
 		op(0, 8, 9, Input{Kind: Renew, Lease: 0}, Output{OK: true}),
 
 		// An acquire whose answer was lost took context 0 (or not): a
