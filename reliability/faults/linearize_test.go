@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -85,7 +86,14 @@ func TestClusterLinearizableThroughAKill(t *testing.T) {
 		require.NoError(t, keeper.Connect(ctx))
 		require.NoError(t, keeper.Report(rig.Worker("k0")))
 		stopKeeper := reconnectThrough(keeper, lb.URL, rig.Worker("k0"))
-		held, ans := api.Acquire(ctx, app, map[string]any{"user_id": user, "task_id": "keep", "client_type": "browser", "ttl_s": 3600})
+		// A replica started again in the last round may still be reserving
+		// its first block of epochs (503): the set-up waits for it.
+		var held cheetah.Lease
+		var ans rig.Answer
+		require.Eventually(t, func() bool {
+			held, ans = api.Acquire(ctx, app, map[string]any{"user_id": user, "task_id": "keep", "client_type": "browser", "ttl_s": 3600})
+			return ans.Status != http.StatusServiceUnavailable
+		}, 30*time.Second, 50*time.Millisecond)
 		require.Equal(t, 201, ans.Status, "%s", ans)
 
 		d := &killing{Driver: linearize.HTTPDriver{API: api, App: app, Admin: adminKey, User: user, Client: "lin-client"},
