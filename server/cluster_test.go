@@ -965,40 +965,58 @@ func TestClusterHelloCutByAFenceTakesNothing(t *testing.T) {
 // gives up: when the answer never reaches the replica the client went to
 // (or that replica fences before it adopts the client), that replica
 // adopts the leases from their rows instead of leaving their contexts to
-// wait out their expiry, held by nobody.
+// wait out their expiry, held by nobody. It does so also when it hands the
+// client over while it cannot reach the database (and has not fenced):
+// once it can again.
 func TestClusterHandOverLostLeavesOrphans(t *testing.T) {
 	t.Parallel()
-	n := 0
-	rs := make([]*replica, 2)
-	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
-		if n == 0 {
-			o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
-		}
-		n++
-	}) {
-		rs[i] = &replica{r}
-	}
-	ctx := context.Background()
-	appKey := rs[1].key(t, auth.App, "")
-	clientKey := rs[1].key(t, auth.Client, user)
-	front := rs[1].front(t)
-	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-o", 1, nil)
-	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "ttl_s": 600})
-	require.NoError(t, err)
+	for _, outage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("through an outage %v", outage), func(t *testing.T) {
+			t.Parallel()
+			n := 0
+			rs := make([]*replica, 2)
+			for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+				o.ReplicaTTL = 30 * time.Second // replica 1 does not fence in the outage
+				if n == 0 {
+					o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
+				}
+				n++
+			}) {
+				rs[i] = &replica{r}
+			}
+			ctx := context.Background()
+			appKey := rs[1].key(t, auth.App, "")
+			clientKey := rs[1].key(t, auth.Client, user)
+			front := rs[1].front(t)
+			clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-o", 1, nil)
+			l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "ttl_s": 600})
+			require.NoError(t, err)
 
-	// The agent comes back through replica 0; replica 1 hands it over, and
-	// the answer is lost on the way.
-	front.Retarget(rs[0].host())
-	front.Cut()
-	front.Heal()
-	require.Eventually(t, func() bool { return rs[0].Broker.Registry.Holds(l.LeaseToken) }, 20*time.Second, 10*time.Millisecond,
-		"replica 0 adopts the lease from its row")
-	require.False(t, rs[1].Broker.Registry.Holds(l.LeaseToken))
-	waitContexts(t, rs[0].URL, "agent-o", 1)
-	var waited struct{ Resolution cheetah.Resolution }
-	require.NoError(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
-		"X-Lease", l.LeaseToken))
-	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+			// The agent comes back through replica 0; replica 1 hands it
+			// over, and the answer is lost on the way.
+			if outage {
+				rs[1].Link.Cut()
+			}
+			front.Retarget(rs[0].host())
+			front.Cut()
+			front.Heal()
+			if outage {
+				require.Eventually(t, func() bool { return !rs[1].Broker.Registry.Connected(user, "agent-o") }, 20*time.Second,
+					10*time.Millisecond, "replica 1 handed the client over")
+				time.Sleep(7 * time.Second) // the outage's length
+				require.True(t, rs[1].Broker.Cluster.Valid(), "replica 1 did not fence")
+				rs[1].Link.Heal()
+			}
+			require.Eventually(t, func() bool { return rs[0].Broker.Registry.Holds(l.LeaseToken) }, 30*time.Second, 10*time.Millisecond,
+				"replica 0 adopts the lease from its row")
+			require.False(t, rs[1].Broker.Registry.Holds(l.LeaseToken))
+			waitContexts(t, rs[0].URL, "agent-o", 1)
+			var waited struct{ Resolution cheetah.Resolution }
+			require.NoError(t, rs[1].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
+				"X-Lease", l.LeaseToken))
+			require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
+		})
+	}
 }
 
 // answeredAs carries requests to the other replicas, and makes the answers
@@ -1049,49 +1067,4 @@ func TestClusterRevokeCountsOnlyWhoAnswered(t *testing.T) {
 			require.False(t, revoked.Revoked, "the row's replica answered that it holds no lease there")
 		})
 	}
-}
-
-// A replica that hands a client over while it cannot reach the database
-// makes orphans of the leases' rows once it can again (it has not fenced
-// meanwhile): the replica the client went to, which never heard the
-// answer, adopts them from their rows.
-func TestClusterHandOverThroughAnOutageLeavesOrphans(t *testing.T) {
-	t.Parallel()
-	n := 0
-	rs := make([]*replica, 2)
-	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
-		o.ReplicaTTL = 30 * time.Second
-		if n == 0 {
-			o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
-		}
-		n++
-	}) {
-		rs[i] = &replica{r}
-	}
-	ctx := context.Background()
-	appKey := rs[1].key(t, auth.App, "")
-	clientKey := rs[1].key(t, auth.Client, user)
-	front := rs[1].front(t)
-	clusterAgent(t, "http://"+front.Addr(), clientKey, "agent-p", 1, nil)
-	l, err := acquireOn(t, rs[1].api(appKey), map[string]any{"user_id": user, "task_id": "t1", "client_type": "console", "ttl_s": 600})
-	require.NoError(t, err)
-
-	// Replica 1 loses the database for a while; meanwhile its client comes
-	// back through replica 0, and replica 1's answer is lost.
-	rs[1].Link.Cut()
-	front.Retarget(rs[0].host())
-	front.Cut()
-	front.Heal()
-	require.Eventually(t, func() bool { return !rs[1].Broker.Registry.Connected(user, "agent-p") }, 20*time.Second, 10*time.Millisecond,
-		"replica 1 handed the client over")
-	time.Sleep(7 * time.Second) // the outage's length
-	require.True(t, rs[1].Broker.Cluster.Valid(), "replica 1 did not fence")
-	rs[1].Link.Heal()
-
-	require.Eventually(t, func() bool { return rs[0].Broker.Registry.Holds(l.LeaseToken) }, 30*time.Second, 10*time.Millisecond,
-		"replica 0 adopts the lease from its row")
-	var waited struct{ Resolution cheetah.Resolution }
-	require.NoError(t, rs[0].api(appKey).Do(ctx, "POST", "/api/v1/commands/wait", map[string]any{"name": "echo"}, &waited,
-		"X-Lease", l.LeaseToken))
-	require.Equal(t, cheetah.StatusCompleted, waited.Resolution.Status)
 }
