@@ -283,22 +283,21 @@ func (s *Store) LeaseRowHeld(ctx context.Context, digest [32]byte) (bool, error)
 	return held, s.replicaErr(op, err)
 }
 
-// ContextLeaseHeldOutside reports whether a context has a lease row that
-// has not expired and that none of replicas holds: orphaned, or held by a
-// replica not among them (dead and not reaped yet, or one that did not
-// answer). A revoke that the replicas asked could not do did not find "no
-// lease" then: the replica the context's client reconnects to adopts it.
-func (s *Store) ContextLeaseHeldOutside(ctx context.Context, userID, clientID, contextID string, replicas []string) (bool, error) {
-	const op = "history.ContextLeaseHeldOutside"
+// ContextLeaseHolders returns who holds the lease rows of a context that
+// have not expired: a replica's id, or "" for an orphan (held by nobody).
+// A revoke that no replica could do did not find "no lease" while such a
+// row stands that none of the replicas that answered holds: the replica
+// the context's client reconnects to adopts it.
+func (s *Store) ContextLeaseHolders(ctx context.Context, userID, clientID, contextID string) ([]string, error) {
+	const op = "history.ContextLeaseHolders"
 	if err := s.clustered(op); err != nil {
-		return false, err
+		return nil, err
 	}
-	var outside bool
-	err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM leases
-WHERE user_id = ? AND client_id = ? AND context_id = ? AND expires_at > now()
-	AND (orphaned_at IS NOT NULL OR replica_id NOT IN ?))`, userID, clientID, contextID, replicas).
-		Scan(&outside).Error
-	return outside, s.replicaErr(op, err)
+	var holders []string
+	err := s.db.WithContext(ctx).Raw(`SELECT CASE WHEN orphaned_at IS NULL THEN replica_id ELSE '' END FROM leases
+WHERE user_id = ? AND client_id = ? AND context_id = ? AND expires_at > now()`, userID, clientID, contextID).
+		Scan(&holders).Error
+	return holders, s.replicaErr(op, err)
 }
 
 // OrphanedClients returns the clients that have orphaned lease rows, by

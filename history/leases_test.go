@@ -222,7 +222,7 @@ func twoReplicas(t *testing.T, idA, idB string) (base, a, b *history.Store) {
 // A context whose lease row another replica holds stays held from another
 // replica's view until that row is gone or this replica's own: orphaned
 // and not adopted yet, it still stands for a lease the client's replica
-// is to adopt (ContextLeaseHeldOutside counts it for every replica).
+// is to adopt (ContextLeaseHolders says it is nobody's).
 func TestLeasedElsewhereCountsOrphansUntilAdopted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -246,36 +246,34 @@ func TestLeasedElsewhereCountsOrphansUntilAdopted(t *testing.T) {
 	own, err := a.LeasedElsewhere(ctx, "u1", "c1")
 	require.NoError(t, err)
 	require.Empty(t, own, "a replica's own rows are not elsewhere")
-	// Held outside the replicas that answered a revoke: by none of them.
-	outside := func(answered []string, want ...string) {
+	// Who holds each context's row: A, then nobody (an orphan), then B.
+	holders := func(want string) {
 		t.Helper()
 		for _, s := range []*history.Store{a, b} {
-			var got []string
+			got := map[string][]string{}
 			for _, x := range []string{"x1", "x2", "x3", "x4"} {
-				out, err := s.ContextLeaseHeldOutside(ctx, "u1", "c1", x, answered)
+				h, err := s.ContextLeaseHolders(ctx, "u1", "c1", x)
 				require.NoError(t, err)
-				if out {
-					got = append(got, x)
+				if len(h) > 0 {
+					got[x] = h
 				}
 			}
-			require.Equal(t, want, got, "answered by %v", answered)
+			require.Equal(t, map[string][]string{"x1": {want}}, got, "only x1's row stands")
 		}
 	}
-	outside([]string{"elseaaaa", "elsebbbb"})
-	outside([]string{"elsebbbb"}, "x1") // A did not answer
+	holders("elseaaaa")
 
 	// A gives its rows up: orphaned, x1's lease is still to be adopted.
 	require.NoError(t, a.AbandonReplica(ctx, "elseaaaa", time.Now()))
 	require.Equal(t, []string{"x1"}, held(), "an orphan not adopted yet holds its context")
-	outside([]string{"elseaaaa", "elsebbbb"}, "x1")
+	holders("")
 
 	// B claims it: it is B's own now.
 	claimed, err := b.ClaimOrphanedLeases(ctx, "u1", "c1")
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Empty(t, held())
-	outside([]string{"elseaaaa", "elsebbbb"})
-	outside([]string{"elseaaaa"}, "x1")
+	holders("elsebbbb")
 }
 
 // Replicas that claim the same client's orphans at once (its hello on one,

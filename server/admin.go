@@ -88,8 +88,23 @@ func mergePools(ps []registry.PoolView) []registry.PoolView {
 
 // revoke ends the lease on a context with reason revoked; the client gets an
 // assignment frame saying so.
+//
+// With replicas, one that no replica could do answers "no lease" only if
+// no row of the context's lease stands that none of the replicas that
+// answered holds, as read before this replica looked and after the others
+// answered: an orphan may be claimed, by this replica or another, between
+// a replica's "not here" and a later read, and it was a lease all along.
 func (s *Server) revoke(c *gin.Context) {
-	ok, err := s.reg.Revoke(c.Request.Context(), c.Param("user_id"), c.Param("client_id"), c.Param("context_id"))
+	userID, clientID, contextID := c.Param("user_id"), c.Param("client_id"), c.Param("context_id")
+	var before []string
+	if s.cfg.Cluster != nil && !fromPeer(c) {
+		var err error
+		if before, err = s.store.ContextLeaseHolders(c.Request.Context(), userID, clientID, contextID); err != nil {
+			s.fail(c, err)
+			return
+		}
+	}
+	ok, err := s.reg.Revoke(c.Request.Context(), userID, clientID, contextID)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -101,18 +116,16 @@ func (s *Server) revoke(c *gin.Context) {
 			return
 		}
 		if !ok && answered != nil {
-			// No replica that answered holds a lease there. A row that none
-			// of them holds (its replica died, or did not answer) is a lease
-			// that the client's next replica adopts, not no lease.
-			outside, err := s.store.ContextLeaseHeldOutside(c.Request.Context(), c.Param("user_id"), c.Param("client_id"),
-				c.Param("context_id"), answered)
+			after, err := s.store.ContextLeaseHolders(c.Request.Context(), userID, clientID, contextID)
 			if err != nil {
 				s.fail(c, err)
 				return
 			}
-			if outside {
-				s.fail(c, errLeaseAdrift)
-				return
+			for _, h := range append(before, after...) {
+				if !slices.Contains(answered, h) {
+					s.fail(c, errLeaseAdrift)
+					return
+				}
 			}
 		}
 	}

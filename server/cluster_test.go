@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	cheetah "github.com/cheetahbroker/cheetah"
@@ -1067,4 +1068,48 @@ func TestClusterRevokeCountsOnlyWhoAnswered(t *testing.T) {
 			require.False(t, revoked.Revoked, "the row's replica answered that it holds no lease there")
 		})
 	}
+}
+
+// afterRevokes carries requests to the other replicas, and runs then once
+// after each revoke a replica answered, before the answer comes back.
+type afterRevokes struct{ then func() }
+
+func (a afterRevokes) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && strings.HasSuffix(req.URL.Path, "/revoke") {
+		a.then()
+	}
+	return resp, err
+}
+
+// An orphaned lease that a replica claims right after it answered a
+// revoke "not here" was a lease all along: the revoke is 503, not "no
+// lease", although the row is that replica's by the time the answers are
+// in.
+func TestClusterRevokeAcrossAClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	claim := make(chan func(), 1)
+	n := 0
+	rs := make([]*replica, 2)
+	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+		if n == 0 {
+			o.PeerTransport = afterRevokes{then: func() { (<-claim)() }}
+		}
+		n++
+	}) {
+		rs[i] = &replica{r}
+	}
+	token := rs[1].Broker.Cluster.ID() + "00112233445566778899aabb"
+	require.NoError(t, rs[1].Broker.Store.Write(ctx, history.PutLease{Kind: history.LeaseNew, TokenDigest: registry.TokenDigest(token),
+		UserID: user, ClientID: "c", ContextID: "w1", TaskID: "t", Epoch: 3, TTL: time.Minute, ExpiresAt: time.Now().Add(time.Minute)}))
+	require.NoError(t, rs[1].Broker.Store.AbandonReplica(ctx, rs[1].Broker.Cluster.ID(), time.Now()))
+	claim <- func() {
+		rows, err := rs[1].Broker.Store.ClaimOrphanedLeases(ctx, user, "c")
+		assert.NoError(t, err)
+		assert.Len(t, rows, 1, "replica 1 claims the orphan")
+	}
+	err := rs[0].api(clusterAdminKey).Do(ctx, "POST", "/api/v1/admin/users/"+user+"/clients/c/contexts/w1/revoke", nil, nil)
+	require.ErrorIs(t, err, cheetah.ErrStoreUnavailable)
+	require.Empty(t, claim, "the claim ran between the answer and the revoke's own")
 }
