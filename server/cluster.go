@@ -281,7 +281,7 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets ui
 	}
 	elsewhere, err := s.store.LeasedElsewhere(ctx, userID, clientID)
 	if err != nil {
-		s.settle(ctx, registry.AllBack(rows))
+		s.settle(ctx, forgets, registry.AllBack(rows))
 		return err
 	}
 	until := s.cfg.Clock.Now().Add(awaitFor(m, s.reg.ReconnectGrace()))
@@ -290,7 +290,7 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets ui
 	}
 	if len(h.Contexts) > 0 {
 		untaken, ok := s.reg.Adopt(forgets, userID, clientID, h)
-		s.settle(ctx, untaken)
+		s.settle(ctx, forgets, untaken)
 		if !ok {
 			return errForgotten
 		}
@@ -304,27 +304,51 @@ func (s *Server) handOverFrom(ctx context.Context, m *cluster.Member, forgets ui
 
 // settle disposes of the claimed orphans the registry did not take: the
 // rows of leases lost for good are deleted, the others given back as
-// orphans. ctx's deadline holds, not its end: the hello's may be what
-// ended.
-func (s *Server) settle(ctx context.Context, u registry.Untaken) {
+// orphans. Until then they are this replica's and in no registry, so it
+// tries again while the database does not answer (untilWritten); forgets
+// is what Registry.Forgets said before the claim.
+func (s *Server) settle(ctx context.Context, forgets uint64, u registry.Untaken) {
 	if len(u.Lost)+len(u.Back) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
-	defer cancel()
 	ops := make([]history.Op, len(u.Lost))
 	for i, d := range u.Lost {
 		ops[i] = history.DeleteLease{TokenDigest: d}
 	}
-	err := s.store.Write(ctx, ops...)
-	if err == nil {
-		err = s.store.GiveBackLeases(ctx, u.Back)
-	}
+	err := s.untilWritten(ctx, forgets, func(ctx context.Context) error {
+		if err := s.store.Write(ctx, ops...); err != nil {
+			return err
+		}
+		return s.store.GiveBackLeases(ctx, u.Back)
+	})
 	if err != nil {
 		// They stay this replica's until it gives its rows up or their
 		// expiry: leased by nobody meanwhile, never twice.
 		s.log.Warn("cluster: could not settle the orphaned leases this replica did not take",
 			"lost", len(u.Lost), "given_back", len(u.Back), "err", err)
+	}
+}
+
+// untilWritten runs write, each time within handOverTimeout, until it
+// succeeds, this replica forgets its clients (Forgets moved on from
+// forgets: it fenced, and coming back gives all its rows up), or its
+// membership's TTL has passed, by when it would have fenced had the
+// database not answered. It is for the lease rows that are this replica's
+// while no registry holds their leases: left so, they would stand for
+// leases nobody can reach until their expiry. ctx's deadline holds, not its
+// end: the caller may have gone, and the rows still need it.
+func (s *Server) untilWritten(ctx context.Context, forgets uint64, write func(context.Context) error) error {
+	ctx = context.WithoutCancel(ctx)
+	giveUp := s.cfg.Clock.Now().Add(s.cfg.Cluster.TTL())
+	for {
+		tctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+		err := write(tctx)
+		cancel()
+		if err == nil || s.reg.Forgets() != forgets || !s.cfg.Clock.Now().Before(giveUp) {
+			return err
+		}
+		t := s.cfg.Clock.NewTimer(acquireSlice)
+		<-t.Chan()
 	}
 }
 
@@ -375,7 +399,7 @@ func (s *Server) adoptOrphans(ctx context.Context) {
 			return
 		}
 		n, untaken := s.reg.AdoptOrphans(forgets, uc[0], uc[1], rows)
-		s.settle(ctx, untaken)
+		s.settle(ctx, forgets, untaken)
 		done()
 		if n > 0 {
 			s.log.Info("cluster: leases of a lost replica adopted", "user_id", uc[0], "client_id", uc[1], "adopted", n)
@@ -410,37 +434,23 @@ func (s *Server) handOver(c *gin.Context) {
 // reconnects to next adopts them, instead of their contexts waiting out
 // their expiry. The rows are this replica's once what it wrote before is
 // durable (its claim of a lease that came here may still be queued), so it
-// waits for that first. While the database does not answer it tries again,
-// until this replica forgets its clients (it fenced: coming back, it gives
-// all its rows up) or its membership's TTL has passed, by when it would
-// have fenced. forgets is what Registry.Forgets said before the hand-over.
-// ctx's deadline holds, not its end: the asker may give up, and the rows
-// still need it.
+// waits for that first. forgets is what Registry.Forgets said before the
+// hand-over.
 func (s *Server) orphanHanded(ctx context.Context, forgets uint64, h registry.HandedOver) {
 	digests := h.Digests()
 	if len(digests) == 0 {
 		return
 	}
-	ctx = context.WithoutCancel(ctx)
-	giveUp := s.cfg.Clock.Now().Add(s.cfg.Cluster.TTL())
-	for {
-		tctx, cancel := context.WithTimeout(ctx, handOverTimeout)
-		err := s.reg.Flush(tctx)
-		if err == nil {
-			err = s.store.GiveBackLeases(tctx, digests)
+	err := s.untilWritten(ctx, forgets, func(ctx context.Context) error {
+		if err := s.reg.Flush(ctx); err != nil {
+			return err
 		}
-		cancel()
-		if err == nil || s.reg.Forgets() != forgets {
-			return
-		}
-		if !s.cfg.Clock.Now().Before(giveUp) {
-			// They stay this replica's until it gives its rows up or their
-			// expiry.
-			s.log.Warn("cluster: could not make orphans of the leases this replica handed over", "leases", len(digests), "err", err)
-			return
-		}
-		t := s.cfg.Clock.NewTimer(acquireSlice)
-		<-t.Chan()
+		return s.store.GiveBackLeases(ctx, digests)
+	})
+	if err != nil && s.reg.Forgets() == forgets {
+		// They stay this replica's until it gives its rows up or their
+		// expiry.
+		s.log.Warn("cluster: could not make orphans of the leases this replica handed over", "leases", len(digests), "err", err)
 	}
 }
 
