@@ -121,6 +121,9 @@ func (s *Server) revoke(c *gin.Context) {
 				s.fail(c, err)
 				return
 			}
+			// Logged for the histories that show a revoke's answer wrong.
+			s.log.Debug("revoke: no replica that answered holds a lease", "user_id", userID, "client_id", clientID,
+				"context_id", contextID, "holders_before", before, "holders_after", after, "answered", answered)
 			for _, h := range append(before, after...) {
 				if !slices.Contains(answered, h) {
 					s.fail(c, errLeaseAdrift)
