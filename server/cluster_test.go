@@ -33,10 +33,23 @@ type replica struct{ *clustertest.Replica }
 
 const clusterAdminKey = clustertest.AdminKey
 
-func startCluster(t testing.TB, n int) []*replica {
+func startCluster(t testing.TB, n int) []*replica { return startClusterVia(t, n, nil, nil) }
+
+// startClusterVia is startCluster with replica 0's requests to the others
+// carried by via (nil: the default), and opts (if any) applied to every
+// replica.
+func startClusterVia(t testing.TB, n int, via http.RoundTripper, opts func(*server.Options)) []*replica {
 	t.Helper()
 	rs := make([]*replica, n)
-	for i, r := range clustertest.Start(t, n, nil) {
+	first := true
+	for i, r := range clustertest.Start(t, n, func(o *server.Options) {
+		if opts != nil {
+			opts(o)
+		}
+		if first {
+			o.PeerTransport, first = via, false
+		}
+	}) {
 		rs[i] = &replica{r}
 	}
 	return rs
@@ -849,16 +862,7 @@ func (l losingAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
 // revoke, a release-all.
 func TestClusterLostAnswersAreUnknown(t *testing.T) {
 	t.Parallel()
-	n := 0
-	rs := make([]*replica, 2)
-	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
-		if n == 0 {
-			o.PeerTransport = losingAnswers{suffixes: []string{"/api/v1/acquire", "/revoke", "/release-all"}}
-		}
-		n++
-	}) {
-		rs[i] = &replica{r}
-	}
+	rs := startClusterVia(t, 2, losingAnswers{suffixes: []string{"/api/v1/acquire", "/revoke", "/release-all"}}, nil)
 	ctx := context.Background()
 	appKey := rs[1].key(t, auth.App, "")
 	clusterAgent(t, rs[1].URL, rs[1].key(t, auth.Client, user), "agent-lost", 2, nil)
@@ -916,17 +920,9 @@ func (h *heldHandOvers) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestClusterHelloCutByAFenceTakesNothing(t *testing.T) {
 	t.Parallel()
 	held := &heldHandOvers{release: make(chan struct{}), asked: make(chan error, 1), done: make(chan error, 1)}
-	n := 0
-	rs := make([]*replica, 2)
-	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+	rs := startClusterVia(t, 2, held, func(o *server.Options) {
 		o.ReplicaTTL = time.Second
-		if n == 0 {
-			o.PeerTransport = held
-		}
-		n++
-	}) {
-		rs[i] = &replica{r}
-	}
+	})
 	defer rs[0].Link.Heal()
 	appKey := rs[1].key(t, auth.App, "")
 	clientKey := rs[1].key(t, auth.Client, user)
@@ -974,17 +970,9 @@ func TestClusterHandOverLostLeavesOrphans(t *testing.T) {
 	for _, outage := range []bool{false, true} {
 		t.Run(fmt.Sprintf("through an outage %v", outage), func(t *testing.T) {
 			t.Parallel()
-			n := 0
-			rs := make([]*replica, 2)
-			for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
+			rs := startClusterVia(t, 2, losingAnswers{suffixes: []string{"/hand-over"}}, func(o *server.Options) {
 				o.ReplicaTTL = 30 * time.Second // replica 1 does not fence in the outage
-				if n == 0 {
-					o.PeerTransport = losingAnswers{suffixes: []string{"/hand-over"}}
-				}
-				n++
-			}) {
-				rs[i] = &replica{r}
-			}
+			})
 			ctx := context.Background()
 			appKey := rs[1].key(t, auth.App, "")
 			clientKey := rs[1].key(t, auth.Client, user)
@@ -1042,16 +1030,11 @@ func TestClusterRevokeCountsOnlyWhoAnswered(t *testing.T) {
 	for _, stranger := range []bool{false, true} {
 		t.Run(fmt.Sprintf("answered by another replica %v", stranger), func(t *testing.T) {
 			t.Parallel()
-			n := 0
-			rs := make([]*replica, 2)
-			for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
-				if n == 0 && stranger {
-					o.PeerTransport = answeredAs{replica: "feedbeef"}
-				}
-				n++
-			}) {
-				rs[i] = &replica{r}
+			var via http.RoundTripper // nil: the default
+			if stranger {
+				via = answeredAs{replica: "feedbeef"}
 			}
+			rs := startClusterVia(t, 2, via, nil)
 			ctx := context.Background()
 			// A row of replica 1 that its registry does not hold (written
 			// as if the lease were on its way out).
@@ -1090,16 +1073,7 @@ func TestClusterRevokeAcrossAClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	claim := make(chan func(), 1)
-	n := 0
-	rs := make([]*replica, 2)
-	for i, r := range clustertest.Start(t, 2, func(o *server.Options) {
-		if n == 0 {
-			o.PeerTransport = afterRevokes{then: func() { (<-claim)() }}
-		}
-		n++
-	}) {
-		rs[i] = &replica{r}
-	}
+	rs := startClusterVia(t, 2, afterRevokes{then: func() { (<-claim)() }}, nil)
 	token := rs[1].Broker.Cluster.ID() + "00112233445566778899aabb"
 	require.NoError(t, rs[1].Broker.Store.Write(ctx, history.PutLease{Kind: history.LeaseNew, TokenDigest: registry.TokenDigest(token),
 		UserID: user, ClientID: "c", ContextID: "w1", TaskID: "t", Epoch: 3, TTL: time.Minute, ExpiresAt: time.Now().Add(time.Minute)}))

@@ -74,7 +74,7 @@ func (r *Registry) storeGone(l *lease) {
 }
 
 // tellAssigned tells l's client of l, once its row is durable, unless it
-// was told already or l ended meanwhile (nil); r.mu is held.
+// was told already; l is active, and r.mu is held.
 //
 // Until then the client is not told: a replica that died before the row
 // committed would have shown the client an epoch that no other replica
@@ -83,7 +83,7 @@ func (r *Registry) storeGone(l *lease) {
 // back. The acquire answers only after this, so the notice still comes
 // before any command of the lease.
 func (r *Registry) tellAssigned(l *lease) {
-	if l == nil || !l.untold {
+	if !l.untold {
 		return
 	}
 	l.untold = false

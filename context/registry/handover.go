@@ -146,14 +146,7 @@ func (r *Registry) Adopt(forgets uint64, userID, clientID string, h HandedOver) 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.forgets.Load() != forgets {
-		for _, hc := range h.Contexts {
-			if hl := hc.Lease; hl != nil && hl.Claimed {
-				if key, ok := digestOf(hl.TokenDigest); ok {
-					untaken.Back = append(untaken.Back, key)
-				}
-			}
-		}
-		return untaken, false
+		return Untaken{Back: h.digests(true)}, false
 	}
 	p := r.poolFor(userID)
 	c := p.clients[clientID]
@@ -254,10 +247,14 @@ func (u *Untaken) add(key tokenKey, lost bool) {
 }
 
 // Digests are the token digests of the leases h carries.
-func (h HandedOver) Digests() [][32]byte {
+func (h HandedOver) Digests() [][32]byte { return h.digests(false) }
+
+// digests are the token digests of the leases h carries, or of those this
+// replica claimed only (HandedLease.Claimed).
+func (h HandedOver) digests(claimedOnly bool) [][32]byte {
 	var out [][32]byte
 	for _, hc := range h.Contexts {
-		if hl := hc.Lease; hl != nil {
+		if hl := hc.Lease; hl != nil && (hl.Claimed || !claimedOnly) {
 			if key, ok := digestOf(hl.TokenDigest); ok {
 				out = append(out, [32]byte(key))
 			}

@@ -200,12 +200,14 @@ func (r *Registry) acquireAs(ctx context.Context, req cheetah.AcquireRequest, st
 // gone, or adopted elsewhere from its row) is not known to hold its
 // lease: store_unavailable.
 func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease, forgets uint64) (cheetah.Lease, error) {
+	key := keyOf(l.LeaseToken) // off the lock
 	r.mu.Lock()
+	ll := r.leases[key]
+	r.mu.Unlock()
 	var ch chan error
-	if ll := r.leases[keyOf(l.LeaseToken)]; ll != nil {
+	if ll != nil {
 		ch = ll.durable
 	}
-	r.mu.Unlock()
 	err := awaitStored(ctx, ch)
 	if err == nil && r.forgets.Load() != forgets {
 		err = errFencedBeforeDurable
@@ -214,9 +216,13 @@ func (r *Registry) awaitLeaseRow(ctx context.Context, l cheetah.Lease, forgets u
 		_, _ = r.Release(context.WithoutCancel(ctx), l)
 		return cheetah.Lease{}, err
 	}
-	r.mu.Lock()
-	r.tellAssigned(r.leases[keyOf(l.LeaseToken)])
-	r.mu.Unlock()
+	if ll != nil {
+		r.mu.Lock()
+		if r.leases[key] == ll { // not ended meanwhile
+			r.tellAssigned(ll)
+		}
+		r.mu.Unlock()
+	}
 	return l, nil
 }
 
